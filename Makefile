@@ -1,0 +1,50 @@
+# Temper: `make run` trains a tiny policy on the embedded stack; `make test` runs every test.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+PYTEST_ARGS ?=
+
+.PHONY: venv run test test-unit test-integration bench lint fixtures clean
+
+venv: $(STAMP)
+
+# torch first: a plain `torch` requirement resolved by pip alone would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+run: venv
+	$(BIN)/temper up
+
+# pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$status
+
+test-unit: venv
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: venv
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: venv
+	@for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; echo; done
+
+lint: venv
+	$(BIN)/ruff check protocol services tests bench examples
+	$(BIN)/ruff format --check protocol services tests bench examples
+	$(BIN)/mypy
+
+fixtures: venv
+	$(BIN)/python tests/golden/make_fixtures.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

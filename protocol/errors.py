@@ -1,0 +1,84 @@
+"""Typed protocol errors.
+
+Every error carries the fields a caller needs to act on it (which field, which
+limit, which version) so that services can turn it into an ``ErrorReply`` or an
+``ErrorEvent`` without parsing strings.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Stable machine-readable error codes, shared by replies, events and dead letters."""
+
+    NOT_MSGPACK = "not_msgpack"
+    VALIDATION = "validation"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_TYPE = "unknown_type"
+    TOO_LARGE = "too_large"
+    HANDLER_FAILED = "handler_failed"
+    MAX_DELIVER = "max_deliver"
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    BAD_REQUEST = "bad_request"
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """Base class of everything the protocol package raises on bad data."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class DecodeError(ProtocolError):
+    """Bytes could not be turned into a valid message; ``field`` is the path (``$.tokens``)."""
+
+    def __init__(self, message: str, *, code: ErrorCode, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.code = code
+
+
+class VersionError(DecodeError):
+    """The message declares a protocol major version this reader does not speak."""
+
+    def __init__(self, got: object, supported: int) -> None:
+        super().__init__(
+            f"protocol version {got!r} is not supported (this reader speaks {supported})",
+            code=ErrorCode.UNSUPPORTED_VERSION,
+            field="$.v",
+        )
+        self.got = got
+        self.supported = supported
+
+
+class PayloadTooLarge(ProtocolError):
+    """Payload plus headers would exceed the server's ``max_payload``."""
+
+    code = ErrorCode.TOO_LARGE
+
+    def __init__(self, size: int, limit: int, what: str) -> None:
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+        self.what = what
+
+
+class RemoteError(ProtocolError):
+    """A service answered a request with an ``ErrorReply``."""
+
+    def __init__(self, code: ErrorCode, message: str, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.code = code
+
+
+class SubjectError(ProtocolError, ValueError):
+    """A value cannot be used as a subject token (empty, or holds ``.``, ``*``, ``>`` or spaces)."""
+
+    code = ErrorCode.BAD_REQUEST

@@ -1,0 +1,479 @@
+"""Version 1 message types.
+
+Every message is a MessagePack map.  Two keys are always present:
+
+* ``type``: the tag that names the message (``"task"``, ``"rollout"``, ...)
+* ``v``: the protocol major version (``1``)
+
+Evolution inside a major version is additive: new fields get defaults, readers
+ignore keys they do not know, a field never changes type.  Binary fields
+(``bytes``) hold packed little-endian arrays, see :mod:`protocol.packed`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+from msgspec import Meta
+
+from protocol.errors import ErrorCode
+from protocol.packed import F32, I32, unpack_f32, unpack_i32, unpack_u8
+
+PROTOCOL_VERSION: Final = 1
+#: Priority tiers: 0 is served first.  One task stream per tier.
+TIERS: Final = 4
+DEFAULT_TIER: Final = 1
+
+#: Ids and domains are used as subject tokens, so they are restricted to a safe alphabet.
+Token = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,127}\Z")]
+Tier = Annotated[int, Meta(ge=0, lt=TIERS)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+
+
+class Message(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
+    """Base of every v1 message: carries the protocol major version."""
+
+    v: int = PROTOCOL_VERSION
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """Base of nested (untagged) records."""
+
+
+def _require_items(field: str, data: bytes, itemsize: int) -> int:
+    if len(data) % itemsize:
+        raise ValueError(f"`{field}` holds {len(data)} bytes, not a multiple of {itemsize}")
+    return len(data) // itemsize
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class ChatMessage(Record):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    name: str | None = None
+
+
+class SamplingParams(Record):
+    temperature: NonNegFloat = 1.0
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    #: -1 disables top-k.
+    top_k: Annotated[int, Meta(ge=-1)] = -1
+    max_tokens: PositiveInt = 256
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    seed: int | None = None
+
+
+class Task(Message, tag="task"):
+    """A unit of work: one prompt, sampled ``n`` times (a GRPO group)."""
+
+    id: Token
+    domain: Token
+    tier: Tier = DEFAULT_TIER
+    #: Either chat messages (rendered by the model's chat template) ...
+    prompt: list[ChatMessage] = []
+    #: ... or prompt token ids, packed ``<i4``.  Exactly one of the two is set.
+    prompt_tokens: bytes = b""
+    tools: list[str] = []
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    n: Annotated[int, Meta(ge=1, le=4096)] = 1
+    max_turns: PositiveInt = 1
+    max_total_tokens: PositiveInt | None = None
+    #: Unix time (seconds) after which the task is no longer worth doing.
+    deadline: float | None = None
+    attempt: NonNegInt = 0
+    created_at: float | None = None
+    #: Free-form, domain-specific data (reference answers, unit tests, ...).
+    metadata: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        _require_items("prompt_tokens", self.prompt_tokens, I32.itemsize)
+        if bool(self.prompt) == bool(self.prompt_tokens):
+            raise ValueError("exactly one of `prompt` and `prompt_tokens` must be set")
+
+
+# --------------------------------------------------------------------------- rollouts
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    MAX_TURNS = "max_turns"
+    DEADLINE = "deadline"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class RolloutStatus(StrEnum):
+    OK = "ok"
+    INVALID = "invalid"
+    INFRA_FAILURE = "infra_failure"
+
+
+class Segment(Record):
+    """A run of completion tokens ``[start, end)`` produced by one source."""
+
+    start: NonNegInt
+    end: NonNegInt
+    kind: Literal["gen", "tool"] = "gen"
+    #: Policy version that generated the segment; ``None`` for tool output.
+    version: int | None = None
+
+
+class ToolCall(Record):
+    turn: NonNegInt
+    name: str
+    arguments: str
+    output: str = ""
+    status: str = "ok"
+    duration_s: NonNegFloat = 0.0
+
+
+class Timings(Record):
+    queued_s: NonNegFloat = 0.0
+    generate_s: NonNegFloat = 0.0
+    tool_s: NonNegFloat = 0.0
+    total_s: NonNegFloat = 0.0
+
+
+class Rollout(Message, tag="rollout"):
+    """One sampled trajectory for a task, with what the learner needs to correct for staleness.
+
+    ``tokens`` is the whole sequence (prompt then completion, packed ``<i4``).
+    ``logprobs`` and ``loss_mask`` cover the completion only: one entry per token
+    from ``prompt_len`` on.  Tool output tokens have mask 0 and logprob 0.
+    """
+
+    id: str
+    task: Task
+    sample_index: NonNegInt
+    tokens: bytes = b""
+    prompt_len: NonNegInt = 0
+    logprobs: bytes = b""
+    loss_mask: bytes = b""
+    segments: list[Segment] = []
+    tool_calls: list[ToolCall] = []
+    completion_text: str = ""
+    finish_reason: FinishReason = FinishReason.STOP
+    status: RolloutStatus = RolloutStatus.OK
+    error: str | None = None
+    timings: Timings = msgspec.field(default_factory=Timings)
+    cached_prompt_tokens: NonNegInt = 0
+    engine: str = ""
+    generator: str = ""
+    created_at: float | None = None
+
+    def __post_init__(self) -> None:
+        total = _require_items("tokens", self.tokens, I32.itemsize)
+        n_logprobs = _require_items("logprobs", self.logprobs, F32.itemsize)
+        if self.prompt_len > total:
+            raise ValueError(f"`prompt_len` {self.prompt_len} exceeds {total} tokens")
+        completion = total - self.prompt_len
+        if n_logprobs != completion or len(self.loss_mask) != completion:
+            raise ValueError(
+                f"`logprobs` ({n_logprobs}) and `loss_mask` ({len(self.loss_mask)}) "
+                f"must each have one entry per completion token ({completion})"
+            )
+
+    @property
+    def token_ids(self) -> npt.NDArray[np.int32]:
+        return unpack_i32(self.tokens)
+
+    @property
+    def completion_ids(self) -> npt.NDArray[np.int32]:
+        return unpack_i32(self.tokens)[self.prompt_len :]
+
+    @property
+    def behaviour_logprobs(self) -> npt.NDArray[np.float32]:
+        return unpack_f32(self.logprobs)
+
+    @property
+    def mask(self) -> npt.NDArray[np.uint8]:
+        return unpack_u8(self.loss_mask)
+
+    @property
+    def policy_version(self) -> int | None:
+        """Oldest policy version that produced any of the completion (staleness is measured from it)."""
+        versions = [s.version for s in self.segments if s.version is not None]
+        return min(versions) if versions else None
+
+
+def rollout_id(task_id: str, sample_index: int) -> str:
+    """Stable rollout id: the same sample of the same task always gets the same id."""
+    return f"{task_id}/{sample_index}"
+
+
+# --------------------------------------------------------------------------- sandbox
+
+
+class SandboxStatus(StrEnum):
+    OK = "ok"
+    NONZERO_EXIT = "nonzero_exit"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    OUTPUT_LIMIT = "output_limit"
+    KILLED = "killed"
+    INFRA_ERROR = "infra_error"
+
+
+class SandboxLimits(Record):
+    """Per-execution limits; ``None`` takes the service's default (always capped by its maxima)."""
+
+    timeout_s: Annotated[float, Meta(gt=0)] | None = None
+    memory_mb: PositiveInt | None = None
+    pids: PositiveInt | None = None
+    cpus: Annotated[float, Meta(gt=0)] | None = None
+    output_bytes: PositiveInt | None = None
+    disk_mb: PositiveInt | None = None
+
+
+class SandboxExec(Message, tag="sandbox_exec"):
+    id: str
+    #: Run inside an open session (multi-step tasks); ``None`` for a one-off.
+    session: str | None = None
+    language: str = "python"
+    #: Source to run, or ``command`` (argv) to execute; exactly one is set.
+    code: str | None = None
+    command: list[str] | None = None
+    stdin: bytes = b""
+    #: Files written into the work directory before running: relative path -> content.
+    files: dict[str, bytes] = {}
+    limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
+
+    def __post_init__(self) -> None:
+        if (self.code is None) == (self.command is None):
+            raise ValueError("exactly one of `code` and `command` must be set")
+
+
+class SandboxResult(Message, tag="sandbox_result"):
+    id: str
+    status: SandboxStatus
+    session: str | None = None
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: NonNegFloat = 0.0
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+class ScoreStatus(StrEnum):
+    SCORED = "scored"
+    INFRA_FAILURE = "infra_failure"
+    INVALID = "invalid"
+
+
+class ValidatorDetail(Record):
+    name: str
+    score: float
+    weight: float = 1.0
+    status: ScoreStatus = ScoreStatus.SCORED
+    message: str = ""
+
+
+class ScoredRollout(Message, tag="scored_rollout"):
+    """A rollout with its reward.  Only ``status == scored`` enters advantage statistics."""
+
+    id: str
+    rollout: Rollout
+    reward: float = 0.0
+    status: ScoreStatus = ScoreStatus.SCORED
+    details: list[ValidatorDetail] = []
+    error: str | None = None
+    validator: str = ""
+    scored_at: float | None = None
+
+
+# --------------------------------------------------------------------------- replay
+
+
+class BatchStatus(StrEnum):
+    OK = "ok"
+    PARTIAL = "partial"
+    EMPTY = "empty"
+
+
+class SampleRequest(Message, tag="sample_request"):
+    id: str
+    learner_version: NonNegInt
+    max_samples: PositiveInt
+    #: Drop samples older than this many policy versions; ``None`` takes the buffer's setting.
+    max_staleness: NonNegInt | None = None
+    #: Mixing weights by domain; empty means proportional to what is stored.
+    domain_weights: dict[str, NonNegFloat] = {}
+    #: Only hand out complete GRPO groups.
+    whole_groups: bool = True
+    #: How long the buffer may wait to fill the batch.
+    wait_s: NonNegFloat = 0.0
+
+
+class Batch(Message, tag="batch"):
+    request_id: str
+    items: list[ScoredRollout] = []
+    status: BatchStatus = BatchStatus.OK
+    dropped_stale: NonNegInt = 0
+    remaining: NonNegInt = 0
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class WeightFormat(StrEnum):
+    HF_SAFETENSORS = "hf_safetensors"
+    TORCH_DISTRIBUTED = "torch_distributed"
+
+
+class PolicyUpdate(Message, tag="policy_update"):
+    version: NonNegInt
+    #: Where the weights are (a Hugging Face directory on a shared volume, or a rendezvous URI).
+    uri: str
+    #: ``sha256:<hex>`` over the weight files, checked before loading.
+    digest: str
+    format: WeightFormat = WeightFormat.HF_SAFETENSORS
+    step: NonNegInt = 0
+    created_at: float | None = None
+    metadata: dict[str, Any] = {}
+
+
+class WeightSyncAck(Message, tag="weight_sync_ack"):
+    version: NonNegInt
+    service: str
+    instance: str
+    ok: bool
+    error: str | None = None
+    duration_s: NonNegFloat = 0.0
+
+
+# --------------------------------------------------------------------------- control
+
+
+class ServiceState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Heartbeat(Message, tag="heartbeat"):
+    service: str
+    instance: str
+    state: ServiceState
+    healthy: bool
+    pid: int = 0
+    host: str = ""
+    started_at: float = 0.0
+    sent_at: float = 0.0
+    in_flight: NonNegInt = 0
+    detail: str = ""
+
+
+class Stats(Message, tag="stats"):
+    service: str
+    instance: str
+    sent_at: float = 0.0
+    values: dict[str, float] = {}
+
+
+class StatusRequest(Message, tag="status_request"):
+    """Ask the control service for the view of the whole stack."""
+
+
+class ServiceStatus(Record):
+    service: str
+    instance: str
+    state: ServiceState
+    healthy: bool
+    age_s: NonNegFloat
+    in_flight: NonNegInt = 0
+    detail: str = ""
+
+
+class StreamStatus(Record):
+    name: str
+    messages: NonNegInt
+    bytes: NonNegInt
+    consumers: NonNegInt
+    pending: NonNegInt = 0
+
+
+class StackStatus(Message, tag="stack_status"):
+    services: list[ServiceStatus] = []
+    streams: list[StreamStatus] = []
+    dead_letters: NonNegInt = 0
+    at: float = 0.0
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorEvent(Message, tag="error_event"):
+    """Published when a service rejects input; ``original`` holds the rejected bytes."""
+
+    code: ErrorCode
+    message: str
+    field: str | None = None
+    service: str = ""
+    instance: str = ""
+    subject: str = ""
+    trace_id: str = ""
+    original: bytes = b""
+    original_size: NonNegInt = 0
+    #: ``original`` was cut to keep the event under the payload limit.
+    truncated: bool = False
+    at: float = 0.0
+
+
+class ErrorReply(Message, tag="error"):
+    """The answer to a request that could not be served."""
+
+    code: ErrorCode
+    message: str
+    field: str | None = None
+
+
+AnyMessage = (
+    Task
+    | Rollout
+    | SandboxExec
+    | SandboxResult
+    | ScoredRollout
+    | SampleRequest
+    | Batch
+    | PolicyUpdate
+    | WeightSyncAck
+    | Heartbeat
+    | Stats
+    | StatusRequest
+    | StackStatus
+    | ErrorEvent
+    | ErrorReply
+)
+
+#: Every tagged type of this version, by tag.
+MESSAGE_TYPES: Final[dict[str, type[Message]]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in AnyMessage.__args__  # type: ignore[attr-defined]
+}
+
+
+def task_id_of(message: Message) -> str | None:
+    """The task a message belongs to, for logs and traces."""
+    if isinstance(message, Task):
+        return message.id
+    if isinstance(message, Rollout):
+        return message.task.id
+    if isinstance(message, ScoredRollout):
+        return message.rollout.task.id
+    return None

@@ -1,0 +1,1 @@
+"""Temper services and their shared runtime."""

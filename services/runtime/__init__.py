@@ -1,0 +1,19 @@
+"""The runtime every service shares: lifecycle, NATS, consumers, responders, logs, metrics, settings."""
+
+from services.runtime.consumer import ConsumerTuning, Delivery
+from services.runtime.errors import Reject, RequestRejected
+from services.runtime.jetstream import ConsumerSpec
+from services.runtime.responder import Request
+from services.runtime.service import Service
+from services.runtime.settings import RuntimeSettings
+
+__all__ = [
+    "ConsumerSpec",
+    "ConsumerTuning",
+    "Delivery",
+    "Reject",
+    "Request",
+    "RequestRejected",
+    "RuntimeSettings",
+    "Service",
+]

@@ -1,0 +1,25 @@
+"""Errors a handler raises on purpose; the runtime turns them into replies or dead letters."""
+
+from __future__ import annotations
+
+from protocol.errors import ErrorCode
+
+
+class RequestRejected(Exception):
+    """Raised by a request handler to answer with a typed ``ErrorReply`` (bad request, over a limit...)."""
+
+    def __init__(self, code: ErrorCode, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+class Reject(Exception):
+    """Raised by a stream handler for input that can never succeed: dead-letter it now, do not retry."""
+
+    def __init__(self, code: ErrorCode, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field

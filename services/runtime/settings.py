@@ -1,0 +1,94 @@
+"""Settings: one frozen dataclass per service, built from the environment only by the CLI.
+
+Variables are named ``<PREFIX><FIELD>`` in upper case; a nested dataclass field
+``runtime`` reads ``<PREFIX>RUNTIME_<FIELD>`` and falls back to the shared
+``TEMPER_<FIELD>`` so that one ``TEMPER_NATS_URL`` reaches every service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeSettings:
+    """What every service needs to be a service: the bus, its identity, its timings."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    #: Distinguishes processes of one service; empty means ``<host>-<pid>``.
+    instance: str = ""
+    #: On stop, in-flight work gets this long to finish before it is handed back.
+    grace_s: float = 30.0
+    heartbeat_s: float = 5.0
+    stats_s: float = 10.0
+    #: Prometheus ``/metrics`` port on 127.0.0.1; ``None`` serves none, 0 picks a free port.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    connect_timeout_s: float = 5.0
+    reconnect_wait_s: float = 1.0
+    log_level: str = "info"
+
+    def instance_id(self) -> str:
+        return self.instance or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class SettingsError(ValueError):
+    """An environment variable could not be parsed into its settings field."""
+
+
+def from_env(cls: type[T], prefix: str, environ: Mapping[str, str], fallback: str = "TEMPER_") -> T:
+    """Build ``cls`` from ``environ``; fields without a variable keep their defaults."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        kind = hints[field.name]
+        if dataclasses.is_dataclass(kind):
+            values[field.name] = from_env(kind, f"{prefix}{field.name.upper()}_", environ, fallback)
+            continue
+        raw = _lookup(environ, field.name.upper(), prefix, fallback)
+        if raw is not None:
+            values[field.name] = _parse(raw, kind, f"{prefix}{field.name.upper()}")
+    return cls(**values)
+
+
+def _lookup(environ: Mapping[str, str], name: str, prefix: str, fallback: str) -> str | None:
+    for key in (f"{prefix}{name}", f"{fallback}{name}"):
+        if key in environ:
+            return environ[key]
+    return None
+
+
+def _parse(raw: str, kind: Any, var: str) -> Any:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(kind) if a is not type(None)]
+        if raw.strip().lower() in ("", "none", "null"):
+            return None
+        return _parse(raw, options[0], var)
+    if origin is tuple:
+        item = typing.get_args(kind)[0]
+        return tuple(_parse(part.strip(), item, var) for part in raw.split(",") if part.strip())
+    try:
+        return _scalar(raw, kind)
+    except ValueError as error:
+        raise SettingsError(f"{var}={raw!r}: {error}") from None
+
+
+def _scalar(raw: str, kind: Any) -> Any:
+    if kind is bool:
+        lowered = raw.strip().lower()
+        if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
+        return lowered in ("1", "true", "yes", "on")
+    if kind in (int, float, str, Path):
+        return kind(raw)
+    raise ValueError(f"unsupported settings type {kind!r}")
