@@ -37,7 +37,8 @@ class _Envelope(msgspec.Struct):
 _envelope_decoder: Final = msgspec.msgpack.Decoder(_Envelope)
 
 
-def _field_path(error: msgspec.ValidationError) -> tuple[str, str]:
+def field_path(error: msgspec.ValidationError) -> tuple[str, str]:
+    """(``$.path.to.field``, message without the path) of a msgspec validation error."""
     text = str(error)
     match = _PATH.search(text)
     path = match.group(1) if match else "$"
@@ -85,7 +86,7 @@ class Codec(Generic[M]):
             return DecodeError(
                 f"unknown message type {envelope.type!r}", code=ErrorCode.UNKNOWN_TYPE, field="$.type"
             )
-        path, message = _field_path(error)
+        path, message = field_path(error)
         return DecodeError(f"invalid message: {message} (at {path})", code=ErrorCode.VALIDATION, field=path)
 
 

@@ -24,7 +24,7 @@ def token(value: str, what: str = "token") -> str:
 
 
 def _tier(tier: int) -> int:
-    if not 0 <= tier < TIERS:
+    if isinstance(tier, bool) or not isinstance(tier, int) or not 0 <= tier < TIERS:
         raise SubjectError(f"tier {tier} is outside 0..{TIERS - 1}")
     return tier
 
