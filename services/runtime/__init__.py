@@ -1,4 +1,7 @@
-"""The runtime every service shares: lifecycle, NATS, consumers, responders, logs, metrics, settings."""
+"""The runtime every service shares.
+
+Lifecycle, NATS, consumers, responders, logs, metrics, settings.
+"""
 
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.errors import Reject, RequestRejected

@@ -58,7 +58,9 @@ class Bus:
             log.warning("nats_disconnected")
 
         async def on_reconnect() -> None:
-            log.info("nats_reconnected", url=str(nc.connected_url.geturl() if nc.connected_url else ""))
+            log.info(
+                "nats_reconnected", url=str(nc.connected_url.geturl() if nc.connected_url else "")
+            )
 
         nc = await nats.connect(
             options.url,
@@ -92,7 +94,7 @@ class Bus:
         extra_headers: Mapping[str, str] | None = None,
         timeout_s: float = 5.0,
     ) -> api.PubAck:
-        """Durable publish: returns once the stream has stored it (``duplicate`` if deduplicated)."""
+        """Durable publish: returns once the stream stored it (``duplicate`` if deduplicated)."""
         hdrs = message_headers(trace_id=trace_id, msg_id=msg_id, extra=extra_headers)
         payload = self.encode_checked(message, hdrs)
         return await self.js.publish(subject, payload, timeout=timeout_s, headers=hdrs)
@@ -108,6 +110,17 @@ class Bus:
         """Fire-and-forget core NATS publish (heartbeats, stats): losing one is harmless."""
         hdrs = message_headers(trace_id=trace_id, msg_id=None)
         await self.nc.publish(subject, self.encode_checked(message, hdrs), headers=hdrs)
+
+    async def flush(self) -> None:
+        """Return once the server has processed everything sent so far, subscriptions included.
+
+        nats-py 2.16 writes flush()'s PING straight to the socket, ahead of commands still
+        queued for its flusher task (a SUB just made), so one round trip can come back before
+        the server has seen them.  The first round trip lets the flusher write that queue;
+        the second PING goes out after it.
+        """
+        await self.nc.flush()
+        await self.nc.flush()
 
     async def close(self) -> None:
         """Flush and drain; safe to call twice."""

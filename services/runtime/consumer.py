@@ -9,15 +9,19 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
 
 from protocol import headers as h
 from protocol.codec import Codec
 from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import task_id_of
+from services.runtime.bus import Bus
 from services.runtime.deadletter import DeadLetters, Rejection
 from services.runtime.errors import Reject
 from services.runtime.jetstream import ConsumerSpec, ensure_consumer
@@ -25,6 +29,16 @@ from services.runtime.logs import get_logger
 from services.runtime.metrics import ServiceMetrics
 
 M = TypeVar("M")
+
+
+def max_deliveries_advisory(stream: str, durable: str) -> str:
+    """The server's own subject (not Temper's): a message ran out of deliveries."""
+    return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}"
+
+
+class _MaxDeliveries(msgspec.Struct):
+    stream_seq: int
+    deliveries: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +80,7 @@ class Consumer(Generic[M]):
         codec: Codec[M],
         handler: Handler[M],
         *,
-        js: JetStreamContext,
+        bus: Bus,
         dead_letters: DeadLetters,
         metrics: ServiceMetrics,
         tuning: ConsumerTuning,
@@ -74,14 +88,30 @@ class Consumer(Generic[M]):
         self.spec = spec
         self._codec = codec
         self._handler = handler
-        self._js = js
+        self._bus = bus
+        self._js = bus.js
+        self._work_queue = False
         self._dead = dead_letters
         self._metrics = metrics
         self._tuning = tuning
         self._intake_open = True
         self._in_flight: set[asyncio.Task[None]] = set()
+        #: id(message) -> (message being handled, when its redelivery deadline was last pushed).
+        #: Keyed by identity: nats-py's Msg is an eq-dataclass, so it cannot be hashed itself.
+        self._active: dict[int, tuple[Msg, float]] = {}
         self._slot_free = asyncio.Event()
+        #: Set once the fetch loop has ended: no pull request of ours is open any more.
+        self._intake_done = asyncio.Event()
         self._log = get_logger(consumer=spec.durable, stream=spec.stream)
+        # Labelled children resolved once: the label lookup costs more than the increment.
+        source = spec.stream
+        self._received = metrics.received.labels(source=source)
+        self._redelivered = metrics.redelivered.labels(source=source)
+        self._acked = metrics.acked.labels(source=source)
+        self._failed_count = metrics.failed.labels(source=source)
+        self._handed_back = metrics.handled_back.labels(source=source)
+        self._gauge = metrics.in_flight.labels(source=source)
+        self._latency = metrics.latency.labels(source=source)
 
     @property
     def source(self) -> str:
@@ -100,17 +130,46 @@ class Consumer(Generic[M]):
             task.cancel()
         return len(self._in_flight)
 
+    async def hand_back(self) -> int:
+        """Cancel in-flight handlers (each naks its message) once intake has ended.
+
+        A nak while our own pull request is still open would deliver the message straight
+        back here, to be nak'd again: a wasted delivery that counts against max_deliver.
+        """
+        await self._intake_done.wait()
+        return self.cancel_in_flight()
+
     async def run(self) -> None:
+        try:
+            await self._consume()
+        finally:
+            self._intake_done.set()
+
+    async def _consume(self) -> None:
         await ensure_consumer(self._js, self.spec)
+        info = await self._js.stream_info(self.spec.stream)
+        self._work_queue = info.config.retention == api.RetentionPolicy.WORK_QUEUE
         sub = await self._js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
+        advisories = await self._bus.nc.subscribe(
+            max_deliveries_advisory(self.spec.stream, self.spec.durable)
+        )
         try:
             async with asyncio.TaskGroup() as group:
+                keeper = group.create_task(self._keep_alive())
+                exhausted = group.create_task(self._dead_letter_exhausted(advisories))
                 while self._intake_open:
                     for msg in await self._fetch(sub):
                         self._spawn(group, msg)
+                self._intake_done.set()
+                while self._in_flight:
+                    await asyncio.wait(set(self._in_flight))
+                keeper.cancel()
+                exhausted.cancel()
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+            with contextlib.suppress(nats.errors.Error):
+                await advisories.unsubscribe()
 
     async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
         free = self._tuning.max_in_flight - len(self._in_flight)
@@ -145,11 +204,9 @@ class Consumer(Generic[M]):
             self._log.error("delivery_failed", error=repr(error), subject=msg.subject)
 
     async def _receive(self, msg: Msg) -> None:
-        source = self.source
-        self._metrics.received.labels(source=source).inc()
-        meta = msg.metadata
-        if meta.num_delivered > 1:
-            self._metrics.redelivered.labels(source=source).inc()
+        self._received.inc()
+        if msg.metadata.num_delivered > 1:
+            self._redelivered.inc()
         if not self._intake_open:
             await msg.nak()
             return
@@ -162,46 +219,46 @@ class Consumer(Generic[M]):
 
     async def _handle(self, msg: Msg, message: M) -> None:
         delivery = self._delivery(msg)
-        source = self.source
-        gauge = self._metrics.in_flight.labels(source=source)
-        gauge.inc()
+        self._gauge.inc()
         started = time.perf_counter()
+        self._active[id(msg)] = (msg, started)
+        # Each message runs in its own task (a copy of the context), so binding needs no reset.
+        task_id = task_id_of(message)  # type: ignore[arg-type]
+        structlog.contextvars.bind_contextvars(trace_id=delivery.trace_id, task_id=task_id)
         try:
-            with structlog.contextvars.bound_contextvars(
-                trace_id=delivery.trace_id, task_id=task_id_of(message)  # type: ignore[arg-type]
-            ):
-                await self._run_handler(message, delivery)
-            await msg.ack()
-            self._metrics.acked.labels(source=source).inc()
+            await self._handler(message, delivery)
         except asyncio.CancelledError:
-            self._metrics.handled_back.labels(source=source).inc()
+            self._handed_back.inc()
             await _quiet(msg.nak())
             raise
         except Reject as error:
             await self._reject(msg, error.code, error.message, error.field)
         except Exception as error:  # a handler bug must not kill the consumer
             await self._failed(msg, error)
+        else:
+            # Outside the handler's try: a failed ack is a transport problem, not a handler
+            # failure, and must not nak or dead-letter work that was done.
+            self._active.pop(id(msg), None)
+            await msg.ack()
+            self._acked.inc()
         finally:
-            gauge.dec()
-            self._metrics.latency.labels(source=source).observe(time.perf_counter() - started)
+            self._active.pop(id(msg), None)
+            self._gauge.dec()
+            self._latency.observe(time.perf_counter() - started)
 
-    async def _run_handler(self, message: M, delivery: Delivery) -> None:
-        beat = asyncio.ensure_future(self._keep_alive(delivery.msg))
-        try:
-            await self._handler(message, delivery)
-        finally:
-            beat.cancel()
-            await asyncio.wait([beat])
-
-    async def _keep_alive(self, msg: Msg) -> None:
-        """In-progress acks so long work is not redelivered to someone else meanwhile."""
+    async def _keep_alive(self) -> None:
+        """In-progress acks for long handlers, so their message is not redelivered meanwhile."""
         interval = max(self.spec.ack_wait_s / 3, 0.05)
         while True:
-            await asyncio.sleep(interval)
-            await _quiet(msg.in_progress())
+            await asyncio.sleep(interval / 2)
+            now = time.perf_counter()
+            for key, (msg, pushed) in list(self._active.items()):
+                if now - pushed >= interval and key in self._active:
+                    self._active[key] = (msg, now)
+                    await _quiet(msg.in_progress())
 
     async def _failed(self, msg: Msg, error: Exception) -> None:
-        self._metrics.failed.labels(source=self.source).inc()
+        self._failed_count.inc()
         deliveries = msg.metadata.num_delivered
         self._log.warning("handler_failed", error=repr(error), deliveries=deliveries)
         if deliveries >= self.spec.max_deliver:
@@ -221,10 +278,52 @@ class Consumer(Generic[M]):
             deliveries=meta.num_delivered,
             key=f"{self.source}:{meta.sequence.stream}",
         )
-        self._log.warning("rejected", code=code.value, reason=message, field=field, subject=msg.subject)
+        self._log.warning(
+            "rejected", code=code.value, reason=message, field=field, subject=msg.subject
+        )
         # If NATS is down this raises and the message stays unacked: it comes back, nothing is lost.
         await self._dead.reject(rejection, msg.data, msg.headers)
         await msg.ack()
+
+    async def _dead_letter_exhausted(self, advisories: Subscription) -> None:
+        """Dead-letter messages whose every delivery ended without an ack.
+
+        The in-handler path covers handlers that raise.  A process that crashed, hung past
+        ack_wait or was killed on the last delivery never gets to; the server then stops
+        delivering and says so in an advisory.  Every instance hears it; the dead letter's
+        message id makes the entry land once.
+        """
+        async for advisory in advisories.messages:
+            try:
+                await self._exhausted(msgspec.json.decode(advisory.data, type=_MaxDeliveries))
+            except (msgspec.DecodeError, msgspec.ValidationError) as error:
+                self._log.warning("bad_advisory", error=str(error))
+            except nats.errors.Error as error:
+                # Not dead-lettered this time; the message is still in its stream.
+                self._log.error("exhausted_dead_letter_failed", error=repr(error))
+
+    async def _exhausted(self, advisory: _MaxDeliveries) -> None:
+        try:
+            stored = await self._js.get_msg(self.spec.stream, advisory.stream_seq)
+        except nats.js.errors.NotFoundError:
+            return  # acked meanwhile, or another instance already moved it
+        rejection = Rejection(
+            code=ErrorCode.MAX_DELIVER,
+            message=(
+                f"not acknowledged after {advisory.deliveries} deliveries "
+                "(the handler crashed, hung past ack_wait, or was stopped each time)"
+            ),
+            source=self.source,
+            subject=stored.subject or "",
+            deliveries=advisory.deliveries,
+            key=f"{self.source}:{advisory.stream_seq}",
+        )
+        self._log.warning("exhausted", stream_seq=advisory.stream_seq, deliveries=advisory.deliveries)
+        await self._dead.reject(rejection, stored.data or b"", stored.headers)
+        if self._work_queue:
+            # A work queue would keep it forever: no consumer will take it again.
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self._js.delete_msg(self.spec.stream, advisory.stream_seq)
 
     def _delivery(self, msg: Msg) -> Delivery:
         hdrs = msg.headers or {}

@@ -1,4 +1,4 @@
-"""Rejected input: an ErrorEvent for people and a dead-letter entry that keeps the original bytes."""
+"""Rejected input: an ErrorEvent for people, and a dead letter that keeps the original bytes."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ class DeadLetters:
             at=time.time(),
         )
         msg_id = f"err:{rejection.key}" if rejection.key else None
-        await self._bus.publish(subjects.error_event(self._service), event, trace_id=trace_id, msg_id=msg_id)
+        await self._bus.publish(
+            subjects.error_event(self._service), event, trace_id=trace_id, msg_id=msg_id
+        )
         self._metrics.bad_input.labels(source=rejection.source, code=rejection.code.value).inc()
 
     async def dead_letter(

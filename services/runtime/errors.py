@@ -6,7 +6,7 @@ from protocol.errors import ErrorCode
 
 
 class RequestRejected(Exception):
-    """Raised by a request handler to answer with a typed ``ErrorReply`` (bad request, over a limit...)."""
+    """Raised by a request handler to answer with a typed ``ErrorReply`` (bad request, limits)."""
 
     def __init__(self, code: ErrorCode, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -16,7 +16,7 @@ class RequestRejected(Exception):
 
 
 class Reject(Exception):
-    """Raised by a stream handler for input that can never succeed: dead-letter it now, do not retry."""
+    """Raised by a stream handler for input that can never succeed: dead-letter it, no retry."""
 
     def __init__(self, code: ErrorCode, message: str, *, field: str | None = None) -> None:
         super().__init__(message)

@@ -8,7 +8,10 @@ import contextlib
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_LATENCY_BUCKETS = (
+    *(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1, 2.5, 5, 10, 30, 60, 300),
+)
 
 
 class ServiceMetrics:
@@ -17,26 +20,52 @@ class ServiceMetrics:
     def __init__(self, service: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["source"]
-        self.received = Counter("temper_received", "Messages received", labels, registry=self.registry)
-        self.acked = Counter("temper_acked", "Messages acked after handling", labels, registry=self.registry)
-        self.failed = Counter("temper_failed", "Handler failures (message handed back)", labels, registry=self.registry)
+        self.received = Counter(
+            "temper_received", "Messages received", labels, registry=self.registry
+        )
+        self.acked = Counter(
+            "temper_acked", "Messages acked after handling", labels, registry=self.registry
+        )
+        self.failed = Counter(
+            "temper_failed",
+            "Handler failures (message handed back)",
+            labels,
+            registry=self.registry,
+        )
         self.dead_lettered = Counter(
-            "temper_dead_lettered", "Messages moved to the dead-letter stream", labels, registry=self.registry
+            "temper_dead_lettered",
+            "Messages moved to the dead-letter stream",
+            labels,
+            registry=self.registry,
         )
         self.bad_input = Counter(
-            "temper_bad_input", "Input rejected before handling", ["source", "code"], registry=self.registry
+            "temper_bad_input",
+            "Input rejected before handling",
+            ["source", "code"],
+            registry=self.registry,
         )
         self.redelivered = Counter(
             "temper_redelivered", "Messages seen more than once", labels, registry=self.registry
         )
         self.handled_back = Counter(
-            "temper_handed_back", "In-flight messages handed back on shutdown", labels, registry=self.registry
+            "temper_handed_back",
+            "In-flight messages handed back on shutdown",
+            labels,
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "temper_handler_seconds", "Handler latency", labels, buckets=_LATENCY_BUCKETS, registry=self.registry
+            "temper_handler_seconds",
+            "Handler latency",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
         )
-        self.in_flight = Gauge("temper_in_flight", "Messages being handled", labels, registry=self.registry)
-        self.up = Gauge("temper_up", "1 while the service runs", ["service"], registry=self.registry)
+        self.in_flight = Gauge(
+            "temper_in_flight", "Messages being handled", labels, registry=self.registry
+        )
+        self.up = Gauge(
+            "temper_up", "1 while the service runs", ["service"], registry=self.registry
+        )
         self.up.labels(service=service).set(0)
         self.service = service
 
@@ -73,12 +102,22 @@ class MetricsServer:
             request = await asyncio.wait_for(reader.readline(), timeout=5)
             path = request.split(b" ")[1] if request.count(b" ") >= 2 else b"/"
             if path.startswith(b"/metrics"):
-                status, body, ctype = b"200 OK", self._metrics.render(), CONTENT_TYPE_LATEST.encode()
+                status, body, ctype = (
+                    b"200 OK",
+                    self._metrics.render(),
+                    CONTENT_TYPE_LATEST.encode(),
+                )
             else:
                 status, body, ctype = b"404 Not Found", b"not found\n", b"text/plain"
             writer.write(
-                b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
-                + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+                b"HTTP/1.1 "
+                + status
+                + b"\r\nContent-Type: "
+                + ctype
+                + b"\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\nConnection: close\r\n\r\n"
+                + body
             )
             await writer.drain()
         except (TimeoutError, ConnectionError):

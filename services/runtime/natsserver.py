@@ -115,7 +115,7 @@ class NatsServer:
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            preexec_fn=child_preexec(),  # noqa: PLW1509
+            preexec_fn=child_preexec(),
         )
         log.close()
         self._port = self._wait_ready(ports_dir)
@@ -154,7 +154,10 @@ class NatsServer:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 

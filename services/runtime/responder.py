@@ -42,7 +42,8 @@ class Request:
     msg: Msg = field(repr=False)
 
 
-RequestHandler = Callable[[Q, Request], Awaitable[Message]]
+#: Returns the reply; ``None`` for subjects that carry events rather than requests.
+RequestHandler = Callable[[Q, Request], Awaitable[Message | None]]
 
 
 class Responder(Generic[Q]):
@@ -113,14 +114,14 @@ class Responder(Generic[Q]):
         try:
             with structlog.contextvars.bound_contextvars(trace_id=trace_id):
                 reply = await self._answer(msg, trace_id)
-            if msg.reply:
+            if msg.reply and reply is not None:
                 await msg.respond(encode(reply))
         except Exception as error:
             self._log.error("reply_failed", error=repr(error))
         finally:
             self._metrics.latency.labels(source=self._source).observe(time.perf_counter() - started)
 
-    async def _answer(self, msg: Msg, trace_id: str) -> Message:
+    async def _answer(self, msg: Msg, trace_id: str) -> Message | None:
         try:
             request = self._codec.decode(msg.data)
         except DecodeError as error:
@@ -142,9 +143,12 @@ class Responder(Generic[Q]):
     async def _bad_input(
         self, msg: Msg, code: ErrorCode, message: str, field: str | None, trace_id: str
     ) -> None:
-        rejection = Rejection(code=code, message=message, field=field, source=self._source, subject=msg.subject)
+        rejection = Rejection(
+            code=code, message=message, field=field, source=self._source, subject=msg.subject
+        )
         self._log.warning("bad_request", code=code.value, reason=message, field=field)
         try:
-            await self._dead.event(rejection, msg.data, trace_id)
+            # Like bad stream input: an error event, and a dead letter with the original bytes.
+            await self._dead.reject(rejection, msg.data, msg.headers)
         except Exception as error:  # the reply still goes out even if the event cannot
             self._log.error("error_event_failed", error=repr(error))

@@ -31,6 +31,10 @@ from services.runtime.settings import RuntimeSettings
 M = TypeVar("M")
 
 
+#: Metrics source label of the health and ping responders.
+CONTROL = "control-plane"
+
+
 class ServiceNotStarted(RuntimeError):
     """The service's connection is needed before ``start()`` or after ``stop()``."""
 
@@ -105,16 +109,22 @@ class Service:
 
     @property
     def in_flight(self) -> int:
-        return sum(c.in_flight for c in self._consumers) + sum(r.in_flight for r in self._responders)
+        return sum(c.in_flight for c in self._consumers) + sum(
+            r.in_flight for r in self._responders
+        )
 
     def consume(
-        self, spec: ConsumerSpec, codec: Codec[M], handler: Handler[M], tuning: ConsumerTuning | None = None
+        self,
+        spec: ConsumerSpec,
+        codec: Codec[M],
+        handler: Handler[M],
+        tuning: ConsumerTuning | None = None,
     ) -> Consumer[M]:
         consumer = Consumer(
             spec,
             codec,
             handler,
-            js=self.bus.js,
+            bus=self.bus,
             dead_letters=self.dead_letters,
             metrics=self.metrics,
             tuning=tuning or ConsumerTuning(),
@@ -131,20 +141,32 @@ class Service:
         queue: str | None = None,
         max_in_flight: int = 64,
     ) -> Responder[M]:
-        """Serve ``subject``; instances share requests through the queue group (default: the service name)."""
+        """Serve ``subject``; instances share requests in a queue group (default: service name)."""
         responder = self._responder(subject, codec, handler, queue or self.name, max_in_flight)
         self._responders.append(responder)
         return responder
 
+    def listen(self, subject: str, codec: Decoder[M], handler: RequestHandler[M]) -> Responder[M]:
+        """Receive every message on ``subject`` (no queue group): events such as heartbeats."""
+        responder = self._responder(subject, codec, handler, None, 64)
+        self._responders.append(responder)
+        return responder
+
     def _responder(
-        self, subject: str, codec: Decoder[M], handler: RequestHandler[M], queue: str | None, limit: int
+        self,
+        subject: str,
+        codec: Decoder[M],
+        handler: RequestHandler[M],
+        queue: str | None,
+        limit: int,
+        source: str | None = None,
     ) -> Responder[M]:
         return Responder(
             subject,
             codec,
             handler,
             queue=queue,
-            source=self.name,
+            source=source or self.name,
             bus=self.bus,
             dead_letters=self.dead_letters,
             metrics=self.metrics,
@@ -164,16 +186,25 @@ class Service:
         await ensure_streams(self._bus.js, self.streams)
         await self.setup()
         self._control = [
-            self._responder(subjects.health(self.name), _IgnorePayload(), self._heartbeat_reply, None, 8),
-            self._responder(subjects.ping(), _IgnorePayload(), self._heartbeat_reply, None, 8),
+            self._responder(
+                subjects.health(self.name), _IgnorePayload(), self._heartbeat_reply, None, 8, CONTROL
+            ),
+            self._responder(
+                subjects.ping(), _IgnorePayload(), self._heartbeat_reply, None, 8, CONTROL
+            ),
         ]
         for responder in (*self._responders, *self._control):
             await responder.subscribe()
+        # Once start() returns the server knows every subscription, so a request sent right
+        # after is answered instead of getting "no responders".
+        await self._bus.flush()
         await self._start_metrics()
         self._runner = asyncio.create_task(self._run(), name=f"{self.name}-runner")
         self.state = ServiceState.RUNNING
         self.metrics.up.labels(service=self.name).set(1)
-        self.log.info("service_started", consumers=len(self._consumers), responders=len(self._responders))
+        self.log.info(
+            "service_started", consumers=len(self._consumers), responders=len(self._responders)
+        )
 
     def _connect_options(self) -> ConnectOptions:
         return ConnectOptions(
@@ -186,7 +217,9 @@ class Service:
     async def _start_metrics(self) -> None:
         if self.runtime.metrics_port is None:
             return
-        self._metrics_server = MetricsServer(self.metrics, self.runtime.metrics_host, self.runtime.metrics_port)
+        self._metrics_server = MetricsServer(
+            self.metrics, self.runtime.metrics_host, self.runtime.metrics_port
+        )
         await self._metrics_server.start()
         self.log.info("metrics_listening", port=self._metrics_server.port)
 
@@ -239,6 +272,7 @@ class Service:
         await self._quietly(self._send_heartbeat)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
+            self._metrics_server = None  # metrics_port is None again, instead of raising
         await self.bus.close()
         self.log.info("service_stopped")
 
@@ -248,7 +282,7 @@ class Service:
             return
         _, pending = await asyncio.wait(work, timeout=self.runtime.grace_s)
         if pending:
-            handed_back = sum(c.cancel_in_flight() for c in self._consumers)
+            handed_back = sum(await asyncio.gather(*(c.hand_back() for c in self._consumers)))
             handed_back += sum(r.cancel_in_flight() for r in self._responders)
             self.log.warning("grace_expired", handed_back=handed_back, grace_s=self.runtime.grace_s)
             await asyncio.wait(pending)
@@ -286,14 +320,16 @@ class Service:
             detail=detail,
         )
 
-    async def _heartbeat_reply(self, _: None, request: Request) -> Message:
+    async def _heartbeat_reply(self, _: None, request: Request) -> Message | None:
         return self.heartbeat()
 
     async def _send_heartbeat(self) -> None:
         await self.bus.emit(subjects.heartbeat(self.name), self.heartbeat())
 
     async def _send_stats(self) -> None:
-        stats = Stats(service=self.name, instance=self.instance, sent_at=time.time(), values=self.statistics())
+        stats = Stats(
+            service=self.name, instance=self.instance, sent_at=time.time(), values=self.statistics()
+        )
         await self.bus.emit(subjects.stats(self.name), stats)
 
     async def _every(self, interval_s: float, action: Any) -> None:
@@ -314,7 +350,8 @@ def _counter_totals(metrics: ServiceMetrics) -> Mapping[str, float]:
         if family.type != "counter":
             continue
         for sample in family.samples:
-            if sample.name.endswith("_total"):
+            # Health probes are not work: they stay in Prometheus but out of the totals.
+            if sample.name.endswith("_total") and sample.labels.get("source") != CONTROL:
                 key = sample.name.removeprefix("temper_").removesuffix("_total")
                 totals[key] = totals.get(key, 0.0) + sample.value
     return totals

@@ -8,8 +8,8 @@ Variables are named ``<PREFIX><FIELD>`` in upper case; a nested dataclass field
 from __future__ import annotations
 
 import dataclasses
-import socket
 import os
+import socket
 import types
 import typing
 from collections.abc import Mapping
@@ -46,24 +46,40 @@ class SettingsError(ValueError):
 
 
 def from_env(cls: type[T], prefix: str, environ: Mapping[str, str], fallback: str = "TEMPER_") -> T:
-    """Build ``cls`` from ``environ``; fields without a variable keep their defaults."""
+    """Build ``cls`` from ``environ``; fields without a variable keep their defaults.
+
+    A field reads ``<prefix><FIELD>``; a field of a nested dataclass reads
+    ``<prefix><NESTED>_<FIELD>``, else the shared ``<fallback><FIELD>``.
+    """
+    return _build(cls, prefix, environ, None, fallback)
+
+
+def _build(
+    cls: type[T], prefix: str, environ: Mapping[str, str], own: str | None, shared: str
+) -> T:
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         kind = hints[field.name]
-        if dataclasses.is_dataclass(kind):
-            values[field.name] = from_env(kind, f"{prefix}{field.name.upper()}_", environ, fallback)
+        name = field.name.upper()
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            values[field.name] = _build(kind, f"{prefix}{name}_", environ, shared, shared)
             continue
-        raw = _lookup(environ, field.name.upper(), prefix, fallback)
-        if raw is not None:
-            values[field.name] = _parse(raw, kind, f"{prefix}{field.name.upper()}")
+        found = _lookup(environ, name, prefix, own)
+        if found is not None:
+            var, raw = found
+            values[field.name] = _parse(raw, kind, var)
     return cls(**values)
 
 
-def _lookup(environ: Mapping[str, str], name: str, prefix: str, fallback: str) -> str | None:
-    for key in (f"{prefix}{name}", f"{fallback}{name}"):
+def _lookup(
+    environ: Mapping[str, str], name: str, prefix: str, fallback: str | None
+) -> tuple[str, str] | None:
+    """(variable, value) of the first one set: ``<prefix><NAME>``, then ``<fallback><NAME>``."""
+    keys = [f"{prefix}{name}"] + ([f"{fallback}{name}"] if fallback is not None else [])
+    for key in keys:
         if key in environ:
-            return environ[key]
+            return key, environ[key]
     return None
 
 

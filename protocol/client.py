@@ -1,0 +1,376 @@
+"""The async client a user program uses to submit tasks and follow their results.
+
+::
+
+    async with await TemperClient.connect("nats://127.0.0.1:4222") as client:
+        receipt = await client.submit(task)
+        results = await client.wait_scored(task.id, count=task.n)
+
+Only nats-py and the protocol package are used: no service code, no ML framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final, Self
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+
+from protocol import headers, streams, subjects
+from protocol.codec import Codec, check_size, encode
+from protocol.errors import DecodeError, ErrorCode, ProtocolError, RemoteError
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    ErrorReply,
+    Heartbeat,
+    ScoredRollout,
+    StackStatus,
+    StatusRequest,
+    Task,
+)
+
+_log = logging.getLogger(__name__)
+
+_TASK: Final[Codec[Task]] = Codec(Task)
+_SCORED: Final[Codec[ScoredRollout]] = Codec(ScoredRollout)
+_HEARTBEAT: Final[Codec[Heartbeat]] = Codec(Heartbeat)
+_STATUS_REPLY: Final[Codec[StackStatus | ErrorReply]] = Codec(StackStatus | ErrorReply)
+
+#: What nats-py raises when nothing captures a JetStream publish or answers a request.
+_NO_ANSWER: Final = (
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.TimeoutError,
+)
+#: A server-side ephemeral consumer left behind by a crashed client is removed after this.
+_CONSUMER_IDLE_S: Final = 30.0
+#: Bounds nats-py's forced flush of a large publish; unset, it can wait forever on a dead socket.
+_FLUSH_TIMEOUT_S: Final = 10.0
+_HINT: Final = "start the stack (`temper up`)"
+
+
+class StackUnavailable(ProtocolError):
+    """The Temper stack (NATS, its streams, or its control service) is not there to answer."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What JetStream acknowledged for one submitted task (not a wire message)."""
+
+    task_id: str
+    trace_id: str
+    stream: str
+    seq: int
+    #: The stream already held this ``Nats-Msg-Id``: nothing new was stored.
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    task_id: str
+    trace_id: str
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+class TemperClient:
+    """Submit tasks, follow their scored rollouts, and query the stack."""
+
+    def __init__(self, nc: NATS) -> None:
+        """Wrap a connected nats-py client; the TemperClient owns it from now on."""
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream()
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str = "nats://127.0.0.1:4222",
+        *,
+        name: str = "temper-client",
+        connect_timeout_s: float = 5.0,
+    ) -> TemperClient:
+        """Connect to NATS at ``url``; raise :class:`StackUnavailable` if it cannot be reached."""
+        nc = NATS()
+        errors = _ErrorLog()
+        try:
+            await asyncio.wait_for(
+                nc.connect(
+                    url,
+                    name=name,
+                    connect_timeout=max(1, math.ceil(connect_timeout_s)),
+                    error_cb=errors.callback,
+                    flush_timeout=_FLUSH_TIMEOUT_S,
+                ),
+                connect_timeout_s,
+            )
+        except (OSError, nats.errors.Error, TimeoutError) as error:
+            with contextlib.suppress(nats.errors.Error, AssertionError):
+                await nc.close()  # nats-py asserts if connect never got far enough
+            cause = errors.last or error
+            raise StackUnavailable(
+                f"cannot reach NATS at {url} within {connect_timeout_s}s ({cause!r}); {_HINT}"
+            ) from error
+        errors.connected = True
+        return cls(nc)
+
+    @property
+    def nc(self) -> NATS:
+        """The underlying nats-py connection."""
+        return self._nc
+
+    async def close(self) -> None:
+        """Drain and close the connection; calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._nc.is_closed:
+            return
+        try:
+            await self._nc.drain()
+        except nats.errors.Error:
+            await self._nc.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- tasks
+
+    async def submit(
+        self,
+        task: Task,
+        *,
+        trace_id: str | None = None,
+        msg_id: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> Receipt:
+        """Publish ``task`` to its tier's stream.
+
+        The default ``Nats-Msg-Id`` is ``task:<id>:<attempt>``, so submitting the
+        same task twice stores it once (``Receipt.duplicate``).  Raises
+        :class:`~protocol.errors.DecodeError` for an invalid task,
+        :class:`~protocol.errors.PayloadTooLarge`, or :class:`StackUnavailable`.
+        """
+        outgoing = self._prepare(task, trace_id, msg_id)
+        return await self._publish(outgoing, timeout_s)
+
+    async def submit_many(
+        self, tasks: Iterable[Task], *, concurrency: int = 64, timeout_s: float = 5.0
+    ) -> list[Receipt]:
+        """Submit tasks concurrently (at most ``concurrency`` in flight); receipts in input order.
+
+        Every task is checked before any is published.  If a publish fails, the
+        others still complete and the first error is raised; submitting the same
+        list again is safe (deduplicated).
+        """
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        batch = [self._prepare(task, None, None) for task in tasks]
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(outgoing: _Outgoing) -> Receipt:
+            async with gate:
+                return await self._publish(outgoing, timeout_s)
+
+        results = await asyncio.gather(*(one(o) for o in batch), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [r for r in results if isinstance(r, Receipt)]
+
+    def _prepare(self, task: Task, trace_id: str | None, msg_id: str | None) -> _Outgoing:
+        subject = subjects.task(task.tier, task.domain)
+        payload = _TASK.encode(task)
+        _TASK.decode(payload)  # Enforce the schema's constraints before a service has to reject it.
+        trace = headers.clean(trace_id or headers.new_trace_id())
+        hdrs = {
+            headers.MSG_ID: headers.clean(msg_id or f"task:{task.id}:{task.attempt}"),
+            headers.TRACE_ID: trace,
+            headers.VERSION: str(PROTOCOL_VERSION),
+        }
+        check_size(payload, hdrs, self._nc.max_payload)
+        return _Outgoing(task.id, trace, subject, payload, hdrs)
+
+    async def _publish(self, outgoing: _Outgoing, timeout_s: float) -> Receipt:
+        try:
+            ack = await self._js.publish(
+                outgoing.subject,
+                outgoing.payload,
+                timeout=timeout_s,
+                headers=dict(outgoing.headers),
+            )
+        except _NO_ANSWER as error:
+            raise StackUnavailable(
+                f"no task stream captures {outgoing.subject} (the stream is missing or not "
+                f"answering: {error}); {_HINT}"
+            ) from error
+        return Receipt(
+            task_id=outgoing.task_id,
+            trace_id=outgoing.trace_id,
+            stream=ack.stream,
+            seq=ack.seq,
+            duplicate=bool(ack.duplicate),
+        )
+
+    # ----------------------------------------------------------------- results
+
+    async def scored(
+        self, task_id: str, *, timeout_s: float | None = None
+    ) -> AsyncGenerator[ScoredRollout, None]:
+        """Yield the task's scored rollouts, stored ones first, then new ones as they arrive.
+
+        Stops after ``timeout_s`` (``None``: never).  Messages that do not decode
+        are logged and skipped.  Close the iterator (``contextlib.aclosing``) when
+        leaving early, so its consumer is deleted at once.
+        """
+        sub = await self._follow(subjects.scored_for_task(task_id))
+        deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+        try:
+            while (msg := await _next(sub, deadline)) is not None:
+                rollout = _decode_scored(msg)
+                if rollout is not None:
+                    yield rollout
+        finally:
+            await self._unfollow(sub)
+
+    async def wait_scored(
+        self, task_id: str, count: int, *, timeout_s: float = 60.0
+    ) -> list[ScoredRollout]:
+        """Collect ``count`` distinct scored rollouts (by id) of the task, else ``TimeoutError``."""
+        if count <= 0:
+            return []
+        seen: dict[str, ScoredRollout] = {}
+        async with contextlib.aclosing(self.scored(task_id, timeout_s=timeout_s)) as results:
+            async for rollout in results:
+                seen.setdefault(rollout.id, rollout)
+                if len(seen) >= count:
+                    return list(seen.values())
+        raise TimeoutError(
+            f"{len(seen)} of {count} scored rollouts of task {task_id!r} "
+            f"arrived within {timeout_s}s"
+        )
+
+    async def task_progress(self, task_id: str) -> int:
+        """Scored rollout messages stored for the task (a rollout scored twice counts twice)."""
+        filter_ = subjects.scored_for_task(task_id)
+        try:
+            info = await self._js.stream_info(streams.SCORED.name, subjects_filter=filter_)
+        except (nats.js.errors.NotFoundError, *_NO_ANSWER) as error:
+            raise _scored_missing(error) from error
+        return sum((info.state.subjects or {}).values())
+
+    async def _follow(self, filter_subject: str) -> JetStreamContext.PushSubscription:
+        try:
+            return await self._js.subscribe(
+                filter_subject,
+                stream=streams.SCORED.name,
+                ordered_consumer=True,
+                deliver_policy=api.DeliverPolicy.ALL,
+                inactive_threshold=_CONSUMER_IDLE_S,
+            )
+        except (nats.js.errors.NotFoundError, *_NO_ANSWER) as error:
+            raise _scored_missing(error) from error
+
+    async def _unfollow(self, sub: JetStreamContext.PushSubscription) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+        # nats-py keeps the (possibly recreated) ordered consumer's name only here.
+        consumer: str | None = getattr(sub, "_consumer", None)
+        if consumer and not self._nc.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await self._js.delete_consumer(streams.SCORED.name, consumer)
+
+    # ----------------------------------------------------------------- control
+
+    async def status(self, *, timeout_s: float = 2.0) -> StackStatus:
+        """Ask the control service for the stack's status; :class:`RemoteError` if it refuses."""
+        try:
+            msg = await self._nc.request(
+                subjects.status(), encode(StatusRequest()), timeout=timeout_s
+            )
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as error:
+            raise StackUnavailable(
+                f"no control service answered on {subjects.status()} within {timeout_s}s; {_HINT}"
+            ) from error
+        reply = _STATUS_REPLY.decode(msg.data)
+        if isinstance(reply, ErrorReply):
+            raise RemoteError(reply.code, reply.message, reply.field)
+        return reply
+
+    async def ping(self, *, timeout_s: float = 0.5) -> list[Heartbeat]:
+        """Ask every service instance for a Heartbeat; return those that answer in ``timeout_s``."""
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        beats: list[Heartbeat] = []
+        try:
+            await self._nc.publish(subjects.ping(), b"", reply=inbox)
+            while (msg := await _next(sub, deadline)) is not None:
+                try:
+                    beats.append(_HEARTBEAT.decode(msg.data))
+                except DecodeError as error:
+                    _log.warning("ignoring a ping reply that is not a Heartbeat: %s", error)
+        finally:
+            await sub.unsubscribe()
+        return beats
+
+
+async def _next(sub: Subscription, deadline: float | None) -> Msg | None:
+    """The next message, or ``None`` once ``deadline`` (loop time) has passed."""
+    timeout = None
+    if deadline is not None:
+        timeout = deadline - asyncio.get_running_loop().time()
+        if timeout <= 0:
+            return None
+    try:
+        return await sub.next_msg(timeout=timeout)
+    except nats.errors.TimeoutError:
+        return None
+
+
+def _decode_scored(msg: Msg) -> ScoredRollout | None:
+    try:
+        return _SCORED.decode(msg.data)
+    except DecodeError as error:
+        _log.warning("skipping an undecodable scored rollout on %s: %s", msg.subject, error)
+        return None
+
+
+def _scored_missing(error: Exception) -> StackUnavailable:
+    return StackUnavailable(f"stream {streams.SCORED.name} is missing ({error}); {_HINT}")
+
+
+class _ErrorLog:
+    """Feeds nats-py's error callback: quiet while connecting (the caller gets the error)."""
+
+    def __init__(self) -> None:
+        self.last: Exception | None = None
+        self.connected = False
+
+    async def callback(self, error: Exception) -> None:
+        self.last = error
+        _log.log(logging.WARNING if self.connected else logging.DEBUG, "nats: %r", error)
