@@ -112,9 +112,17 @@ def main() -> int:
             server.stop()
     raw_best, runtime_best = max(raw), max(runtime)
     ratio = runtime_best / raw_best
-    print(f"runtime consume throughput ({N_MESSAGES} tasks, fetch batch {BATCH}, best of {REPEATS})")
-    print(f"  raw nats-py fetch+ack        {raw_best:>10,.0f} msg/s   (median {statistics.median(raw):,.0f})")
-    print(f"  runtime fetch+decode+ack     {runtime_best:>10,.0f} msg/s   (median {statistics.median(runtime):,.0f})")
+    print(
+        f"runtime consume throughput ({N_MESSAGES} tasks, fetch batch {BATCH}, best of {REPEATS})"
+    )
+    print(
+        f"  raw nats-py fetch+ack        {raw_best:>10,.0f} msg/s"
+        f"   (median {statistics.median(raw):,.0f})"
+    )
+    print(
+        f"  runtime fetch+decode+ack     {runtime_best:>10,.0f} msg/s"
+        f"   (median {statistics.median(runtime):,.0f})"
+    )
     print(f"  ratio runtime/raw            {ratio:>10.2f}")
     print(f"  goal: >= 0.60 of raw         {'PASS' if ratio >= 0.6 else 'MISS'}")
     return 0

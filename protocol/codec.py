@@ -66,7 +66,9 @@ class Codec(Generic[M]):
         except msgspec.ValidationError as error:
             raise self._explain(data, error) from None
         except msgspec.DecodeError as error:
-            raise DecodeError(f"not valid MessagePack: {error}", code=ErrorCode.NOT_MSGPACK) from None
+            raise DecodeError(
+                f"not valid MessagePack: {error}", code=ErrorCode.NOT_MSGPACK
+            ) from None
         except RecursionError:
             # msgspec counts nesting against Python's recursion limit; deep input must not escape.
             raise DecodeError("nested too deeply", code=ErrorCode.VALIDATION, field="$") from None
@@ -75,7 +77,9 @@ class Codec(Generic[M]):
             raise VersionError(version, PROTOCOL_VERSION)
         return message
 
-    def _explain(self, data: bytes | bytearray | memoryview, error: msgspec.ValidationError) -> DecodeError:
+    def _explain(
+        self, data: bytes | bytearray | memoryview, error: msgspec.ValidationError
+    ) -> DecodeError:
         try:
             envelope = _envelope_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
@@ -84,10 +88,14 @@ class Codec(Generic[M]):
             return VersionError(envelope.v, PROTOCOL_VERSION)
         if isinstance(envelope.type, str) and envelope.type not in MESSAGE_TYPES:
             return DecodeError(
-                f"unknown message type {envelope.type!r}", code=ErrorCode.UNKNOWN_TYPE, field="$.type"
+                f"unknown message type {envelope.type!r}",
+                code=ErrorCode.UNKNOWN_TYPE,
+                field="$.type",
             )
         path, message = field_path(error)
-        return DecodeError(f"invalid message: {message} (at {path})", code=ErrorCode.VALIDATION, field=path)
+        return DecodeError(
+            f"invalid message: {message} (at {path})", code=ErrorCode.VALIDATION, field=path
+        )
 
 
 #: Decodes any v1 message; for tools (``temper tail``) that do not know what a subject carries.
@@ -100,7 +108,7 @@ def encode(message: Message) -> bytes:
 
 
 def headers_size(headers: Mapping[str, str] | None) -> int:
-    """Bytes the NATS header block takes on the wire (``NATS/1.0`` line, one line a header, blank line)."""
+    """Bytes of the NATS header block: ``NATS/1.0`` line, one line a header, a blank line."""
     if not headers:
         return 0
     size = len(b"NATS/1.0\r\n") + 2

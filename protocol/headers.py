@@ -6,7 +6,7 @@ import re
 import uuid
 from typing import Final
 
-#: Follows one task through every service; set by the client, copied onto every message derived from it.
+#: Follows one task through every service: set by the client, copied onto everything derived.
 TRACE_ID: Final = "Temper-Trace-Id"
 #: JetStream de-duplication id: a republish with the same id inside the window is dropped.
 MSG_ID: Final = "Nats-Msg-Id"

@@ -201,7 +201,7 @@ class Rollout(Message, tag="rollout"):
 
     @property
     def policy_version(self) -> int | None:
-        """Oldest policy version that produced any of the completion (staleness is measured from it)."""
+        """Oldest policy version in the completion: staleness is measured from it."""
         versions = [s.version for s in self.segments if s.version is not None]
         return min(versions) if versions else None
 
@@ -463,8 +463,7 @@ AnyMessage = (
 
 #: Every tagged type of this version, by tag.
 MESSAGE_TYPES: Final[dict[str, type[Message]]] = {
-    t.__struct_config__.tag: t  # type: ignore[misc]
-    for t in AnyMessage.__args__  # type: ignore[attr-defined]
+    t.__struct_config__.tag: t for t in AnyMessage.__args__
 }
 
 

@@ -24,7 +24,9 @@ Int32Like = Sequence[int] | npt.NDArray[np.integer] | bytes
 Float32Like = Sequence[float] | npt.NDArray[np.floating] | bytes
 
 
-def _pack(values: Iterable[float] | npt.NDArray[np.generic] | bytes, dtype: np.dtype) -> bytes:  # type: ignore[type-arg]
+def _pack(
+    values: Iterable[float] | npt.NDArray[np.generic] | bytes, dtype: np.dtype[np.generic]
+) -> bytes:
     if isinstance(values, bytes):
         if len(values) % dtype.itemsize:
             raise ValueError(f"{len(values)} bytes is not a whole number of {dtype} items")

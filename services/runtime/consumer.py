@@ -318,7 +318,9 @@ class Consumer(Generic[M]):
             deliveries=advisory.deliveries,
             key=f"{self.source}:{advisory.stream_seq}",
         )
-        self._log.warning("exhausted", stream_seq=advisory.stream_seq, deliveries=advisory.deliveries)
+        self._log.warning(
+            "exhausted", stream_seq=advisory.stream_seq, deliveries=advisory.deliveries
+        )
         await self._dead.reject(rejection, stored.data or b"", stored.headers)
         if self._work_queue:
             # A work queue would keep it forever: no consumer will take it again.

@@ -187,7 +187,12 @@ class Service:
         await self.setup()
         self._control = [
             self._responder(
-                subjects.health(self.name), _IgnorePayload(), self._heartbeat_reply, None, 8, CONTROL
+                subjects.health(self.name),
+                _IgnorePayload(),
+                self._heartbeat_reply,
+                None,
+                8,
+                CONTROL,
             ),
             self._responder(
                 subjects.ping(), _IgnorePayload(), self._heartbeat_reply, None, 8, CONTROL
@@ -230,8 +235,10 @@ class Service:
     async def _run(self) -> None:
         try:
             async with asyncio.TaskGroup() as group:
-                for worker in (*self._consumers, *self._responders):
-                    self._work.append(group.create_task(worker.run()))
+                for consumer in self._consumers:
+                    self._work.append(group.create_task(consumer.run()))
+                for responder in self._responders:
+                    self._work.append(group.create_task(responder.run()))
                 for control in self._control:
                     group.create_task(control.run())
                 group.create_task(self._every(self.runtime.heartbeat_s, self._send_heartbeat))
