@@ -266,6 +266,50 @@ class SandboxResult(Message, tag="sandbox_result"):
     error: str | None = None
 
 
+class SandboxOpen(Message, tag="sandbox_open"):
+    """Open a session: one sandbox kept for a multi-step task until closed or its lease ends."""
+
+    id: str
+    language: str = "python"
+    limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
+    #: Lease: the session is reclaimed this long after its last use; ``None`` takes the default.
+    ttl_s: Annotated[float, Meta(gt=0)] | None = None
+    files: dict[str, bytes] = {}
+    #: Start from this snapshot's work directory (retry or resume a multi-step task).
+    snapshot: str | None = None
+
+
+class SandboxSession(Message, tag="sandbox_session"):
+    """Reply to SandboxOpen and SandboxClose."""
+
+    session: str
+    #: Send this session's SandboxExec, SandboxSnapshotRequest and SandboxClose here:
+    #: the subject of the one instance that holds the sandbox.
+    subject: str
+    state: Literal["open", "closed"] = "open"
+    expires_at: float = 0.0
+    snapshot: str | None = None
+
+
+class SandboxClose(Message, tag="sandbox_close"):
+    session: str
+
+
+class SandboxSnapshotRequest(Message, tag="sandbox_snapshot_request"):
+    """Archive the session's work directory durably; restore it later with SandboxOpen."""
+
+    session: str
+
+
+class SandboxSnapshot(Message, tag="sandbox_snapshot"):
+    snapshot: str
+    session: str
+    size: NonNegInt = 0
+    #: ``sha256:<hex>`` of the archive.
+    digest: str = ""
+    created_at: float = 0.0
+
+
 # --------------------------------------------------------------------------- scoring
 
 
@@ -448,6 +492,11 @@ AnyMessage = (
     | Rollout
     | SandboxExec
     | SandboxResult
+    | SandboxOpen
+    | SandboxSession
+    | SandboxClose
+    | SandboxSnapshotRequest
+    | SandboxSnapshot
     | ScoredRollout
     | SampleRequest
     | Batch

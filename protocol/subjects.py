@@ -65,6 +65,16 @@ def sandbox_exec() -> str:
     return f"{PREFIX}.sandbox.exec"
 
 
+def sandbox_session() -> str:
+    """Request/reply (queue group): SandboxOpen -> SandboxSession."""
+    return f"{PREFIX}.sandbox.session"
+
+
+def sandbox_instance(instance: str) -> str:
+    """Request/reply to one sandbox instance: the requests of the sessions it holds."""
+    return f"{PREFIX}.sandbox.instance.{token(instance, 'instance')}"
+
+
 def replay_sample() -> str:
     return f"{PREFIX}.replay.sample"
 

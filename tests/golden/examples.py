@@ -30,9 +30,14 @@ from protocol.messages import (
     RolloutStatus,
     SampleRequest,
     SamplingParams,
+    SandboxClose,
     SandboxExec,
     SandboxLimits,
+    SandboxOpen,
     SandboxResult,
+    SandboxSession,
+    SandboxSnapshot,
+    SandboxSnapshotRequest,
     SandboxStatus,
     ScoredRollout,
     ScoreStatus,
@@ -246,6 +251,35 @@ def sandbox_result() -> SandboxResult:
     )
 
 
+def sandbox_sessions() -> list[Message]:
+    return [
+        SandboxOpen(
+            id="open-0001",
+            language="bash",
+            limits=SandboxLimits(timeout_s=5.0, memory_mb=512),
+            ttl_s=120.0,
+            files={"setup.sh": b"echo ready\n"},
+            snapshot="snap-0003",
+        ),
+        SandboxSession(
+            session="sess-7",
+            subject="temper.v1.sandbox.instance.sandbox-0",
+            state="open",
+            expires_at=T0 + 120.0,
+            snapshot="snap-0003",
+        ),
+        SandboxClose(session="sess-7"),
+        SandboxSnapshotRequest(session="sess-7"),
+        SandboxSnapshot(
+            snapshot="snap-0004",
+            session="sess-7",
+            size=10240,
+            digest="sha256:" + "ab" * 32,
+            created_at=T0 + 30.0,
+        ),
+    ]
+
+
 def stack_status() -> StackStatus:
     return StackStatus(
         services=[
@@ -284,6 +318,7 @@ def examples() -> dict[str, Message]:
         rollout(3, ok=False),
         sandbox_exec(),
         sandbox_result(),
+        *sandbox_sessions(),
         scored(4),
         SampleRequest(
             id="req-42",

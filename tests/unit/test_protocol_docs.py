@@ -91,12 +91,14 @@ def placeholder_subjects() -> list[str]:
         "task_id": "TASKID",
         "service": "SERVICE",
         "source": "SOURCE",
+        "instance": "INSTANCE",
     }
     names = {
         "DOMAIN": "<domain>",
         "TASKID": "<task_id>",
         "SERVICE": "<service>",
         "SOURCE": "<source>",
+        "INSTANCE": "<instance>",
     }
     out = []
     for name, function in inspect.getmembers(subjects, inspect.isfunction):

@@ -33,6 +33,7 @@ def sample_args(function: Callable[..., str]) -> list[object]:
         "task_id": "task-1",
         "service": "generator",
         "source": "TEMPER_ROLLOUTS",
+        "instance": "sandbox-0",
     }
     return [values[name] for name in inspect.signature(function).parameters]
 
