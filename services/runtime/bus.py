@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 
@@ -122,11 +125,19 @@ class Bus:
         await self.nc.flush()
         await self.nc.flush()
 
-    async def close(self) -> None:
-        """Flush and drain; safe to call twice."""
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Flush and drain within ``timeout_s``, else just close; safe to call twice.
+
+        NATS may be gone when a service stops (the stack is going down): draining would
+        wait out the client's flush timeout, and closing a dead transport can raise.
+        """
         if self.nc.is_closed:
             return
         if self.nc.is_connected:
-            await self.nc.drain()
-        else:
-            await self.nc.close()
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout_s)
+                return
+            except (TimeoutError, nats.errors.Error, RuntimeError) as error:
+                get_logger(component="bus").warning("drain_failed", error=repr(error))
+        with contextlib.suppress(nats.errors.Error, RuntimeError, TimeoutError):
+            await asyncio.wait_for(self.nc.close(), timeout_s)

@@ -115,6 +115,9 @@ class NatsServer:
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
+            # Its own session: a terminal's Ctrl-C goes to the supervisor only, which stops the
+            # services first and nats-server last.
+            start_new_session=True,
             preexec_fn=child_preexec(),
         )
         log.close()

@@ -12,7 +12,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from protocol import streams, subjects
@@ -79,6 +79,13 @@ class Service:
 
     async def setup(self) -> None:
         """Declare consumers and responders here (``self.consume``, ``self.respond``)."""
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        """Long-running work of the service (refill loops, reapers), owned by its TaskGroup.
+
+        A failure there crashes the service (and the supervisor restarts it), like any task.
+        """
+        return []
 
     async def teardown(self) -> None:
         """Release what ``setup`` acquired; runs after in-flight work is done or handed back."""
@@ -243,6 +250,8 @@ class Service:
                     group.create_task(control.run())
                 group.create_task(self._every(self.runtime.heartbeat_s, self._send_heartbeat))
                 group.create_task(self._every(self.runtime.stats_s, self._send_stats))
+                for work in self.background():
+                    group.create_task(work)
         except* Exception as group_error:
             self.failure = group_error
             self.log.error("service_failed", error=repr(group_error.exceptions[0]))

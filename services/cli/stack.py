@@ -1,0 +1,211 @@
+"""``temper up``, ``serve``, ``status``, ``check``: run the stack and ask how it is."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+
+from protocol import subjects
+from protocol.client import StackUnavailable, TemperClient
+from protocol.codec import Codec
+from protocol.errors import DecodeError
+from protocol.messages import Heartbeat, StackStatus
+from services import registry
+from services.cli.common import CliError, connect, emit_json, run, stop_event
+from services.runtime import logs
+from services.runtime.natsserver import NatsServerError
+from services.runtime.service import Service
+from services.runtime.settings import SettingsError
+from services.supervisor import StackSettings, Supervisor
+
+
+def register(commands: Any) -> None:
+    up = commands.add_parser("up", help="start nats-server and every service on this machine")
+    up.add_argument("--run-dir", type=Path, default=Path("run"),
+                    help="state and logs (default: ./run)")
+    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
+    up.add_argument("--external-nats", action="store_true",
+                    help="use --nats-url instead of starting one")
+    up.add_argument("--service", action="append", dest="services", metavar="NAME",
+                    help="run only these services (repeatable; default: all registered)")
+    up.add_argument("--grace", type=float, default=30.0,
+                    help="seconds services get to drain on stop")
+    up.set_defaults(run=cmd_up)
+
+    serve = commands.add_parser("serve", help="run one service in the foreground")
+    serve.add_argument("name", help=f"service name ({', '.join(sorted(registry.entries()))})")
+    serve.set_defaults(run=cmd_serve)
+
+    status = commands.add_parser("status", help="services, streams and dead letters of the stack")
+    status.add_argument("--json", action="store_true", help="print the StackStatus as JSON")
+    status.add_argument("--timeout", type=float, default=2.0)
+    status.set_defaults(run=cmd_status)
+
+    check = commands.add_parser("check", help="exit 0 if SERVICE answers healthy, else 1")
+    check.add_argument("service")
+    check.add_argument("--timeout", type=float, default=2.0)
+    check.set_defaults(run=cmd_check)
+
+
+# ---------------------------------------------------------------- up
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    names = tuple(args.services or sorted(registry.entries()))
+    for name in names:
+        try:
+            registry.lookup(name)
+        except registry.UnknownService as error:
+            raise CliError(str(error), 2) from None
+    settings = StackSettings(
+        run_dir=args.run_dir,
+        nats_port=args.nats_port,
+        nats_url=args.nats_url if args.external_nats else None,
+        services=names,
+        stop_grace_s=args.grace,
+    )
+    try:
+        return run(lambda: _up(settings))
+    except NatsServerError as error:
+        raise CliError(str(error)) from None
+
+
+async def _up(settings: StackSettings) -> int:
+    stop = stop_event()
+    supervisor = Supervisor(settings, say=_say)
+    try:
+        await supervisor.start()
+        await _report_health(supervisor.nats_url, settings.services, stop)
+        _say(f"stack up: `temper --nats-url {supervisor.nats_url} status`; Ctrl-C stops everything")
+        await supervisor.watch(stop)
+    finally:
+        await supervisor.stop()
+    return 0
+
+
+async def _report_health(
+    url: str, names: tuple[str, ...], stop: asyncio.Event, wait_s: float = 30.0
+) -> None:
+    nc = await connect(url, "temper-up")
+    try:
+        deadline = time.monotonic() + wait_s
+        pending = set(names)
+        while pending and not stop.is_set() and time.monotonic() < deadline:
+            for name in sorted(pending):
+                beat = await _health(nc, name, 0.5)
+                if beat is not None and beat.healthy:
+                    _say(f"{name:<12} healthy")
+                    pending.discard(name)
+            await asyncio.sleep(0.2)
+        for name in sorted(pending):
+            _say(f"{name:<12} not healthy yet (see its log)")
+    finally:
+        await nc.close()
+
+
+def _say(line: str) -> None:
+    print(f"[temper {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+# ---------------------------------------------------------------- serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        service = registry.build(args.name, os.environ)
+    except (registry.UnknownService, SettingsError) as error:
+        raise CliError(str(error), 2) from None
+    logs.configure(service.name, service.runtime.log_level)
+    return run(lambda: _serve(service))
+
+
+async def _serve(service: Service) -> int:
+    """Run until SIGTERM/SIGINT (graceful) or a crash (exit 1, the supervisor restarts it)."""
+    stop = stop_event()
+    await service.start()
+    stopper = asyncio.ensure_future(stop.wait())
+    crashed = asyncio.ensure_future(service.crashed.wait())
+    await asyncio.wait([stopper, crashed], return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    crashed.cancel()
+    await service.stop()
+    return 1 if service.failure is not None else 0
+
+
+# ---------------------------------------------------------------- status / check
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return run(lambda: _status(args.nats_url, args.timeout, args.json))
+
+
+async def _status(url: str, timeout_s: float, as_json: bool) -> int:
+    async with TemperClient(await connect(url, "temper-status")) as client:
+        try:
+            status = await client.status(timeout_s=timeout_s)
+        except StackUnavailable:
+            return await _status_without_control(client, timeout_s)
+    if as_json:
+        emit_json(status)
+    else:
+        _print_status(url, status)
+    return 0 if status.services and all(s.healthy for s in status.services) else 1
+
+
+async def _status_without_control(client: TemperClient, timeout_s: float) -> int:
+    beats = await client.ping(timeout_s=timeout_s)
+    print("NATS         reachable; no control service answered (is `control` running?)")
+    for beat in sorted(beats, key=lambda b: (b.service, b.instance)):
+        health = "healthy" if beat.healthy else "UNHEALTHY"
+        print(f"{beat.service:<12} {beat.instance:<24} {beat.state.value:<9} {health}")
+    return 1
+
+
+def _print_status(url: str, status: StackStatus) -> None:
+    print(f"NATS         {url}  ok")
+    print(f"{'SERVICE':<12} {'INSTANCE':<24} {'STATE':<9} {'HEALTH':<10} "
+          f"{'IN-FLIGHT':>9}  {'LAST SEEN':>9}")
+    for s in status.services:
+        health = "healthy" if s.healthy else "UNHEALTHY"
+        print(f"{s.service:<12} {s.instance:<24} {s.state.value:<9} {health:<10} "
+              f"{s.in_flight:>9}  {s.age_s:>8.1f}s"
+              + (f"  {s.detail}" if s.detail else ""))
+    print(f"{'STREAM':<20} {'MESSAGES':>9} {'BYTES':>12} {'CONSUMERS':>9} {'PENDING':>8}")
+    for st in status.streams:
+        print(f"{st.name:<20} {st.messages:>9} {st.bytes:>12} {st.consumers:>9} {st.pending:>8}")
+    hint = "  (temper dlq list)" if status.dead_letters else ""
+    print(f"dead letters: {status.dead_letters}{hint}")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    return run(lambda: _check(args.nats_url, args.service, args.timeout))
+
+
+async def _check(url: str, service: str, timeout_s: float) -> int:
+    nc = await connect(url, "temper-check")
+    try:
+        beat = await _health(nc, service, timeout_s)
+    finally:
+        await nc.close()
+    if beat is None:
+        print(f"{service}: no answer within {timeout_s}s", file=sys.stderr)
+        return 1
+    verdict = "healthy" if beat.healthy else "UNHEALTHY"
+    detail = f" {beat.detail}" if beat.detail else ""
+    print(f"{service}: {verdict} ({beat.state.value}, instance {beat.instance}){detail}")
+    return 0 if beat.healthy else 1
+
+
+async def _health(nc: Any, service: str, timeout_s: float) -> Heartbeat | None:
+    try:
+        reply = await nc.request(subjects.health(service), b"", timeout=timeout_s)
+        return Codec(Heartbeat).decode(reply.data)
+    except (TimeoutError, nats.errors.NoRespondersError, DecodeError):
+        return None

@@ -1,0 +1,76 @@
+"""Which services a stack runs, and how each is built from its settings.
+
+Built-in services are listed here; packages add theirs through the
+``temper.services`` entry-point group (value ``module:ServiceClass``).  A
+service class takes one settings dataclass whose ``runtime`` field holds the
+shared :class:`~services.runtime.settings.RuntimeSettings`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from services.runtime.service import Service
+from services.runtime.settings import from_env
+
+ENTRY_POINT_GROUP = "temper.services"
+
+
+class UnknownService(LookupError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown service {name!r}; known: {', '.join(known) or 'none'}")
+        self.name = name
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    name: str
+    #: ``module:Class`` of the Service subclass.
+    target: str
+
+    def load(self) -> type[Service]:
+        module, _, attr = self.target.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+        if not (inspect.isclass(cls) and issubclass(cls, Service)):
+            raise TypeError(f"{self.target} is not a Service subclass")
+        return cls
+
+
+BUILTIN: Mapping[str, ServiceEntry] = {
+    "control": ServiceEntry("control", "services.control:ControlService"),
+}
+
+
+def entries() -> dict[str, ServiceEntry]:
+    found = dict(BUILTIN)
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(point.name, ServiceEntry(point.name, point.value))
+    return found
+
+
+def lookup(name: str) -> ServiceEntry:
+    known = entries()
+    if name not in known:
+        raise UnknownService(name, sorted(known))
+    return known[name]
+
+
+def settings_type(cls: type[Service]) -> type[Any]:
+    """The settings dataclass a service's constructor takes (its first parameter's annotation)."""
+    hints = typing.get_type_hints(cls.__init__)
+    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    return hints[params[0]]  # type: ignore[no-any-return]
+
+
+def build(name: str, environ: Mapping[str, str]) -> Service:
+    """Construct service ``name`` with settings from ``TEMPER_<NAME>_*`` (then ``TEMPER_*``)."""
+    cls = lookup(name).load()
+    settings_cls = settings_type(cls)
+    settings = from_env(settings_cls, f"TEMPER_{name.upper()}_", environ)
+    return cls(settings)

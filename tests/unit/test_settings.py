@@ -1,0 +1,163 @@
+"""Settings from the environment: every field type, the shared ``TEMPER_`` fallback, bad values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from services.runtime.settings import RuntimeSettings, SettingsError, from_env
+
+PREFIX = "TEMPER_DEMO_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoSettings:
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    count: int = 1
+    ratio: float = 0.5
+    enabled: bool = False
+    label: str = "x"
+    root: Path = Path("run")
+    limit: int | None = 10
+    legacy: Optional[float] = None  # noqa: UP045 - the typing.Optional spelling must work too
+    names: tuple[str, ...] = ()
+    ports: tuple[int, ...] = (1,)
+
+
+def build(**environ: str) -> DemoSettings:
+    return from_env(DemoSettings, PREFIX, environ)
+
+
+def test_no_variables_keeps_every_default() -> None:
+    assert build() == DemoSettings()
+    assert build(UNRELATED="1", TEMPER_DEMOX_COUNT="5") == DemoSettings()
+
+
+def test_every_field_type_is_parsed() -> None:
+    settings = build(
+        TEMPER_DEMO_COUNT="7",
+        TEMPER_DEMO_RATIO="2.5",
+        TEMPER_DEMO_ENABLED="yes",
+        TEMPER_DEMO_LABEL="hello world",
+        TEMPER_DEMO_ROOT="/tmp/state",
+        TEMPER_DEMO_LIMIT="3",
+        TEMPER_DEMO_LEGACY="1.25",
+        TEMPER_DEMO_NAMES="a, b,,c ",
+        TEMPER_DEMO_PORTS="8080,9090",
+    )
+    assert settings.count == 7
+    assert settings.ratio == 2.5
+    assert settings.enabled is True
+    assert settings.label == "hello world"
+    assert settings.root == Path("/tmp/state")
+    assert isinstance(settings.root, Path)
+    assert settings.limit == 3
+    assert settings.legacy == 1.25
+    assert settings.names == ("a", "b", "c")
+    assert settings.ports == (8080, 9090)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", True), ("true", True), ("ON", True), (" Yes ", True),
+     ("0", False), ("false", False), ("off", False), ("NO", False)],
+)
+def test_booleans(raw: str, expected: bool) -> None:
+    assert build(TEMPER_DEMO_ENABLED=raw).enabled is expected
+
+
+@pytest.mark.parametrize("raw", ["", "none", "None", "null"])
+def test_optional_fields_accept_none(raw: str) -> None:
+    settings = build(TEMPER_DEMO_LIMIT=raw, TEMPER_DEMO_LEGACY=raw)
+    assert settings.limit is None
+    assert settings.legacy is None
+
+
+def test_empty_tuple() -> None:
+    assert build(TEMPER_DEMO_PORTS="").ports == ()
+
+
+def test_nested_runtime_reads_its_own_prefix() -> None:
+    settings = build(
+        TEMPER_DEMO_RUNTIME_NATS_URL="nats://demo:1",
+        TEMPER_DEMO_RUNTIME_HEARTBEAT_S="0.25",
+        TEMPER_DEMO_RUNTIME_METRICS_PORT="0",
+    )
+    assert settings.runtime.nats_url == "nats://demo:1"
+    assert settings.runtime.heartbeat_s == 0.25
+    assert settings.runtime.metrics_port == 0
+    assert settings.runtime.grace_s == RuntimeSettings().grace_s
+
+
+def test_nested_runtime_falls_back_to_shared_variables() -> None:
+    settings = build(TEMPER_NATS_URL="nats://shared:2", TEMPER_METRICS_PORT="none")
+    assert settings.runtime.nats_url == "nats://shared:2"
+    assert settings.runtime.metrics_port is None
+
+
+def test_service_specific_beats_shared() -> None:
+    settings = build(
+        TEMPER_NATS_URL="nats://shared:2",
+        TEMPER_DEMO_RUNTIME_NATS_URL="nats://mine:3",
+        TEMPER_LOG_LEVEL="debug",
+    )
+    assert settings.runtime.nats_url == "nats://mine:3"
+    assert settings.runtime.log_level == "debug"
+
+
+def test_service_fields_do_not_read_shared_variables() -> None:
+    # Only the runtime fields are shared (docs/operations.md): TEMPER_COUNT is no service's field.
+    assert build(TEMPER_COUNT="9", TEMPER_LABEL="shared").count == 1
+    assert build(TEMPER_COUNT="9", TEMPER_LABEL="shared").label == "x"
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"TEMPER_DEMO_COUNT": "seven"}, "TEMPER_DEMO_COUNT"),
+        ({"TEMPER_DEMO_COUNT": "1.5"}, "TEMPER_DEMO_COUNT"),
+        ({"TEMPER_DEMO_RATIO": "fast"}, "TEMPER_DEMO_RATIO"),
+        ({"TEMPER_DEMO_ENABLED": "maybe"}, "TEMPER_DEMO_ENABLED"),
+        ({"TEMPER_DEMO_LIMIT": "lots"}, "TEMPER_DEMO_LIMIT"),
+        ({"TEMPER_DEMO_PORTS": "80,http"}, "TEMPER_DEMO_PORTS"),
+        ({"TEMPER_DEMO_RUNTIME_GRACE_S": "soon"}, "TEMPER_DEMO_RUNTIME_GRACE_S"),
+        # A bad shared value is reported under the variable that holds it.
+        ({"TEMPER_HEARTBEAT_S": "often"}, "TEMPER_HEARTBEAT_S"),
+    ],
+)
+def test_bad_values_name_the_variable(environ: dict[str, str], variable: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        from_env(DemoSettings, PREFIX, environ)
+    message = str(caught.value)
+    assert message.startswith(f"{variable}=")
+    bad = next(iter(environ.values())).split(",")[-1]  # a tuple names its bad item
+    assert repr(bad) in message
+
+
+def test_bad_boolean_says_what_is_accepted() -> None:
+    with pytest.raises(SettingsError, match="expected a boolean"):
+        build(TEMPER_DEMO_ENABLED="2")
+
+
+def test_unsupported_field_type_is_a_settings_error() -> None:
+    @dataclass(frozen=True)
+    class Odd:
+        when: complex = 0j
+
+    assert from_env(Odd, "TEMPER_ODD_", {}) == Odd()
+    with pytest.raises(SettingsError, match="TEMPER_ODD_WHEN"):
+        from_env(Odd, "TEMPER_ODD_", {"TEMPER_ODD_WHEN": "1j"})
+
+
+def test_settings_error_is_a_value_error() -> None:
+    assert issubclass(SettingsError, ValueError)
+
+
+def test_runtime_instance_id_defaults_to_host_and_pid() -> None:
+    import os
+
+    assert RuntimeSettings(instance="me").instance_id() == "me"
+    assert RuntimeSettings().instance_id().endswith(f"-{os.getpid()}")
