@@ -101,7 +101,11 @@ class Supervisor:
         env.setdefault("TEMPER_GRACE_S", f"{max(self.settings.stop_grace_s - 2.0, 0.1):g}")
         with log_path.open("ab") as log:
             child.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services", "serve", child.name,
+                sys.executable,
+                "-m",
+                "services",
+                "serve",
+                child.name,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -115,9 +119,13 @@ class Supervisor:
     async def watch(self, stop: asyncio.Event) -> None:
         """Restart crashed children until ``stop`` is set."""
         while not stop.is_set():
-            waits = {asyncio.ensure_future(c.proc.wait()): c for c in self._children.values() if c.proc}
+            waits = {
+                asyncio.ensure_future(c.proc.wait()): c for c in self._children.values() if c.proc
+            }
             stopper = asyncio.ensure_future(stop.wait())
-            done, pending = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await asyncio.wait(
+                [stopper, *waits], return_when=asyncio.FIRST_COMPLETED
+            )
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -131,9 +139,12 @@ class Supervisor:
         ran = time.monotonic() - child.started_at
         if ran >= self.settings.stable_after_s:
             child.backoff_s = 0.0
-        child.backoff_s = min(max(child.backoff_s * 2, self.settings.restart_backoff_s), self.settings.max_backoff_s)
+        child.backoff_s = min(
+            max(child.backoff_s * 2, self.settings.restart_backoff_s), self.settings.max_backoff_s
+        )
         child.restarts += 1
-        self._say(f"{child.name:<12} exited with {code} after {ran:.1f}s; restart in {child.backoff_s:.1f}s")
+        wait = child.backoff_s
+        self._say(f"{child.name:<12} exited with {code} after {ran:.1f}s; restart in {wait:.1f}s")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=child.backoff_s)
         if not stop.is_set():
@@ -148,7 +159,8 @@ class Supervisor:
         for child in running:
             _signal(child, signal.SIGTERM)
         if running:
-            self._say(f"stopping {', '.join(c.name for c in running)} (grace {self.settings.stop_grace_s:.0f}s)")
+            names = ", ".join(c.name for c in running)
+            self._say(f"stopping {names} (grace {self.settings.stop_grace_s:.0f}s)")
             await self._reap(running)
         if self._nats is not None:
             self._nats.stop()

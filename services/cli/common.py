@@ -44,8 +44,12 @@ async def connect(url: str, name: str = "temper-cli", timeout_s: float = 3.0) ->
     try:
         await asyncio.wait_for(
             nc.connect(
-                url, name=name, connect_timeout=max(1, math.ceil(timeout_s)),
-                allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0,
+                url,
+                name=name,
+                connect_timeout=max(1, math.ceil(timeout_s)),
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
                 error_cb=_silence,
             ),
             timeout_s + 1,

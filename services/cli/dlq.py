@@ -36,8 +36,9 @@ def register(commands: Any) -> None:
     show.set_defaults(run=cmd_show)
     retry = actions.add_parser("retry", help="republish to the original subject, then delete")
     retry.add_argument("seq", type=int, nargs="*")
-    retry.add_argument("--all", action="store_true",
-                       help="retry every dead letter (with --source: of that source)")
+    retry.add_argument(
+        "--all", action="store_true", help="retry every dead letter (with --source: of that source)"
+    )
     retry.add_argument("--source", help="with --all: only from this stream or service")
     retry.set_defaults(run=cmd_retry)
 
@@ -65,9 +66,11 @@ def _line(msg: RawStreamMsg) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "-"
     reason = hdrs.get(h.DLQ_REASON, "")
     reason = reason if len(reason) <= 70 else reason[:67] + "..."
-    return (f"{msg.seq:>6}  {when}  {hdrs.get(h.DLQ_SOURCE, '-'):<18} "
-            f"{hdrs.get(h.DLQ_CODE, '-'):<20} "
-            f"{len(msg.data or b''):>8}B  {reason}")
+    return (
+        f"{msg.seq:>6}  {when}  {hdrs.get(h.DLQ_SOURCE, '-'):<18} "
+        f"{hdrs.get(h.DLQ_CODE, '-'):<20} "
+        f"{len(msg.data or b''):>8}B  {reason}"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -98,14 +101,20 @@ def cmd_show(args: argparse.Namespace) -> int:
         finally:
             await nc.close()
         data = msg.data or b""
-        record: dict[str, Any] = {"seq": msg.seq, "subject": msg.subject,
-                                  "headers": dict(msg.headers or {}),
-                                  "size": len(data)}
+        record: dict[str, Any] = {
+            "seq": msg.seq,
+            "subject": msg.subject,
+            "headers": dict(msg.headers or {}),
+            "size": len(data),
+        }
         try:
             record["message"] = to_view(ANY.decode(data))
         except DecodeError as error:
-            record["undecodable"] = {"code": error.code.value, "message": error.message,
-                                     "field": error.field}
+            record["undecodable"] = {
+                "code": error.code.value,
+                "message": error.message,
+                "field": error.field,
+            }
             record["original_hex"] = data[:4096].hex()
         emit_json(record)
         return 0

@@ -34,8 +34,9 @@ TokenId = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 
 
 def register(commands: Any) -> None:
-    submit = commands.add_parser("submit",
-                                 help="submit tasks from a JSONL file (one Task per line)")
+    submit = commands.add_parser(
+        "submit", help="submit tasks from a JSONL file (one Task per line)"
+    )
     submit.add_argument("file", type=Path, help="JSONL; '-' reads standard input")
     submit.add_argument("--wait", action="store_true", help="wait for every task's scored rollouts")
     submit.add_argument("--timeout", type=float, default=600.0, help="seconds to wait with --wait")
@@ -47,8 +48,9 @@ def register(commands: Any) -> None:
     tail.add_argument("--raw", action="store_true", help="show packed arrays as base64")
     tail.set_defaults(run=cmd_tail)
 
-    record = commands.add_parser("record",
-                                 help="record SUBJECT to FILE (JSONL) for `temper replay`")
+    record = commands.add_parser(
+        "record", help="record SUBJECT to FILE (JSONL) for `temper replay`"
+    )
     record.add_argument("subject")
     record.add_argument("file", type=Path)
     record.add_argument("--count", type=int, default=0, help="stop after N messages")
@@ -56,14 +58,18 @@ def register(commands: Any) -> None:
     record.set_defaults(run=cmd_record)
 
     replay = commands.add_parser(
-        "replay", help="publish a recorded FILE again (to debug one service alone)")
+        "replay", help="publish a recorded FILE again (to debug one service alone)"
+    )
     replay.add_argument("file", type=Path)
     replay.add_argument("--subject", help="publish everything to this subject instead")
-    replay.add_argument("--rate", type=float, default=0.0,
-                        help="messages per second (0: as fast as possible)")
-    replay.add_argument("--keep-ids", action="store_true",
-                        help="keep Nats-Msg-Id headers "
-                             "(the stream then drops what it has already seen)")
+    replay.add_argument(
+        "--rate", type=float, default=0.0, help="messages per second (0: as fast as possible)"
+    )
+    replay.add_argument(
+        "--keep-ids",
+        action="store_true",
+        help="keep Nats-Msg-Id headers (the stream then drops what it has already seen)",
+    )
     replay.set_defaults(run=cmd_replay)
 
 
@@ -166,8 +172,11 @@ def describe(msg: Msg, raw: bool) -> dict[str, Any]:
     Subject, trace id, size, and the decoded body or the decode error.
     """
     hdrs = msg.headers or {}
-    record: dict[str, Any] = {"subject": msg.subject, "trace_id": hdrs.get(h.TRACE_ID, ""),
-                              "size": len(msg.data)}
+    record: dict[str, Any] = {
+        "subject": msg.subject,
+        "trace_id": hdrs.get(h.TRACE_ID, ""),
+        "size": len(msg.data),
+    }
     try:
         message = ANY.decode(msg.data)
     except DecodeError as error:
@@ -277,8 +286,9 @@ async def _replay(
     durable = core = 0
     try:
         for record in records:
-            hdrs = {k: v for k, v in (record.get("headers") or {}).items()
-                    if keep_ids or k != h.MSG_ID}
+            hdrs = {
+                k: v for k, v in (record.get("headers") or {}).items() if keep_ids or k != h.MSG_ID
+            }
             target = subject or record["subject"]
             if await _in_stream(js, target, captured):
                 await js.publish(target, record["data"], headers=hdrs or None)
@@ -291,8 +301,10 @@ async def _replay(
         await nc.flush()
     finally:
         await nc.close()
-    print(f"replayed {durable + core} messages ({durable} into streams, {core} as plain NATS)",
-          file=sys.stderr)
+    print(
+        f"replayed {durable + core} messages ({durable} into streams, {core} as plain NATS)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -306,7 +318,10 @@ async def _in_stream(js: JetStreamContext, subject: str, known: dict[str, bool])
         try:
             await js.find_stream_name_by_subject(subject)
             known[subject] = True
-        except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError,
-                nats.errors.NoRespondersError):
+        except (
+            nats.js.errors.NotFoundError,
+            nats.js.errors.ServiceUnavailableError,
+            nats.errors.NoRespondersError,
+        ):
             known[subject] = False
     return known[subject]

@@ -28,15 +28,23 @@ from services.supervisor import StackSettings, Supervisor
 
 def register(commands: Any) -> None:
     up = commands.add_parser("up", help="start nats-server and every service on this machine")
-    up.add_argument("--run-dir", type=Path, default=Path("run"),
-                    help="state and logs (default: ./run)")
+    up.add_argument(
+        "--run-dir", type=Path, default=Path("run"), help="state and logs (default: ./run)"
+    )
     up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
-    up.add_argument("--external-nats", action="store_true",
-                    help="use --nats-url instead of starting one")
-    up.add_argument("--service", action="append", dest="services", metavar="NAME",
-                    help="run only these services (repeatable; default: all registered)")
-    up.add_argument("--grace", type=float, default=30.0,
-                    help="seconds services get to drain on stop")
+    up.add_argument(
+        "--external-nats", action="store_true", help="use --nats-url instead of starting one"
+    )
+    up.add_argument(
+        "--service",
+        action="append",
+        dest="services",
+        metavar="NAME",
+        help="run only these services (repeatable; default: all registered)",
+    )
+    up.add_argument(
+        "--grace", type=float, default=30.0, help="seconds services get to drain on stop"
+    )
     up.set_defaults(run=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
@@ -170,13 +178,16 @@ async def _status_without_control(client: TemperClient, timeout_s: float) -> int
 
 def _print_status(url: str, status: StackStatus) -> None:
     print(f"NATS         {url}  ok")
-    print(f"{'SERVICE':<12} {'INSTANCE':<24} {'STATE':<9} {'HEALTH':<10} "
-          f"{'IN-FLIGHT':>9}  {'LAST SEEN':>9}")
+    print(
+        f"{'SERVICE':<12} {'INSTANCE':<24} {'STATE':<9} {'HEALTH':<10} "
+        f"{'IN-FLIGHT':>9}  {'LAST SEEN':>9}"
+    )
     for s in status.services:
         health = "healthy" if s.healthy else "UNHEALTHY"
-        print(f"{s.service:<12} {s.instance:<24} {s.state.value:<9} {health:<10} "
-              f"{s.in_flight:>9}  {s.age_s:>8.1f}s"
-              + (f"  {s.detail}" if s.detail else ""))
+        print(
+            f"{s.service:<12} {s.instance:<24} {s.state.value:<9} {health:<10} "
+            f"{s.in_flight:>9}  {s.age_s:>8.1f}s" + (f"  {s.detail}" if s.detail else "")
+        )
     print(f"{'STREAM':<20} {'MESSAGES':>9} {'BYTES':>12} {'CONSUMERS':>9} {'PENDING':>8}")
     for st in status.streams:
         print(f"{st.name:<20} {st.messages:>9} {st.bytes:>12} {st.consumers:>9} {st.pending:>8}")

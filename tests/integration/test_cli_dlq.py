@@ -68,7 +68,8 @@ async def dead_letters(js: JetStreamContext) -> list[api.RawStreamMsg]:
     await js.publish(TASK_SUBJECT, GARBAGE, headers={h.TRACE_ID: "trace-garbage"})
     for task_id in ("t-rej1", "t-rej2"):
         await js.publish(
-            TASK_SUBJECT, rejected_task(task_id),
+            TASK_SUBJECT,
+            rejected_task(task_id),
             headers={h.TRACE_ID: f"trace-{task_id}", h.MSG_ID: task_id},
         )
     return await wait_entries(js, DLQ, 3)
@@ -186,9 +187,7 @@ async def test_retry_all(stack: Stack) -> None:
     done = await temper(stack.url, "dlq", "retry", "--all")
     assert done.code == 0, done.err
     assert "retried 3 dead letter(s)" in done.out
-    await stack.service.wait_for(
-        lambda: {"t-rej1", "t-rej2"} <= set(stack.service.handled)
-    )
+    await stack.service.wait_for(lambda: {"t-rej1", "t-rej2"} <= set(stack.service.handled))
     # The garbage went back too: rejected again, it is a new dead letter with the same bytes.
     async with asyncio.timeout(5):
         while True:
@@ -222,14 +221,22 @@ async def test_a_dead_letter_without_a_stream_to_return_to_is_left_in_place(
         await ensure_streams(js, (streams.DEAD_LETTERS, streams.BY_NAME[TASK_STREAM]))
         # A rejected request: its subject has no stream (the runtime dead-letters those too).
         await js.publish(
-            subjects.dead_letter("control"), b"\xc1",
-            headers={h.DLQ_SUBJECT: subjects.status(), h.DLQ_SOURCE: "control",
-                     h.DLQ_CODE: "not_msgpack"},
+            subjects.dead_letter("control"),
+            b"\xc1",
+            headers={
+                h.DLQ_SUBJECT: subjects.status(),
+                h.DLQ_SOURCE: "control",
+                h.DLQ_CODE: "not_msgpack",
+            },
         )
         await js.publish(
-            subjects.dead_letter(TASK_STREAM), GARBAGE,
-            headers={h.DLQ_SUBJECT: TASK_SUBJECT, h.DLQ_SOURCE: TASK_STREAM,
-                     h.DLQ_CODE: "not_msgpack"},
+            subjects.dead_letter(TASK_STREAM),
+            GARBAGE,
+            headers={
+                h.DLQ_SUBJECT: TASK_SUBJECT,
+                h.DLQ_SOURCE: TASK_STREAM,
+                h.DLQ_CODE: "not_msgpack",
+            },
         )
         done = await temper(nats_url, "dlq", "retry", "--all")
         assert done.code == 1

@@ -26,14 +26,20 @@ class Done:
     err: str
 
 
-async def start(
-    url: str, *argv: str, stdin: int | None = None
-) -> asyncio.subprocess.Process:
+async def start(url: str, *argv: str, stdin: int | None = None) -> asyncio.subprocess.Process:
     """Start ``temper --nats-url URL ARGV...`` with piped output."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services", "--nats-url", url, *argv,
-        stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT, env=ENV,
+        sys.executable,
+        "-m",
+        "services",
+        "--nats-url",
+        url,
+        *argv,
+        stdin=stdin,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
     )
 
 

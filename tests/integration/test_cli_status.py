@@ -23,8 +23,12 @@ def control(url: str) -> ControlService:
 async def test_status_exits_1_when_a_service_is_unhealthy(nats_url: str) -> None:
     async with asyncio.timeout(30), client(nats_url) as nc, control(nats_url):
         sick = Heartbeat(
-            service="sick", instance="s1", state=ServiceState.RUNNING, healthy=False,
-            sent_at=time.time(), detail="gpu lost",
+            service="sick",
+            instance="s1",
+            state=ServiceState.RUNNING,
+            healthy=False,
+            sent_at=time.time(),
+            detail="gpu lost",
         )
         await nc.publish(subjects.heartbeat("sick"), encode(sick))
         await nc.flush()
@@ -38,14 +42,17 @@ async def test_status_exits_1_when_a_service_is_unhealthy(nats_url: str) -> None
             line.split()[:4] == ["sick", "s1", "running", "UNHEALTHY"] and "gpu lost" in line
             for line in done.out.splitlines()
         )
-        assert any(line.split()[:4] == ["control", "ctl", "running", "healthy"]
-                   for line in done.out.splitlines())
+        assert any(
+            line.split()[:4] == ["control", "ctl", "running", "healthy"]
+            for line in done.out.splitlines()
+        )
 
         as_json = await temper(nats_url, "status", "--json")
         assert as_json.code == 1
         decoded = msgspec.json.decode(as_json.out, type=StackStatus)
         assert {(s.service, s.healthy) for s in decoded.services} == {
-            ("control", True), ("sick", False)
+            ("control", True),
+            ("sick", False),
         }
 
 
@@ -54,8 +61,10 @@ async def test_status_without_control_lists_what_answers_a_ping(nats_url: str) -
         done = await temper(nats_url, "status", "--timeout", "0.5")
     assert done.code == 1
     assert "no control service answered" in done.out
-    assert any(line.split() == [SERVICE_NAME, "solo", "running", "healthy"]
-               for line in done.out.splitlines())
+    assert any(
+        line.split() == [SERVICE_NAME, "solo", "running", "healthy"]
+        for line in done.out.splitlines()
+    )
 
 
 async def test_check_a_running_service(nats_url: str) -> None:
@@ -68,7 +77,10 @@ async def test_check_a_running_service(nats_url: str) -> None:
 async def test_commands_with_no_nats_fail_fast_and_clearly(tmp_path: Path) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     commands = (
-        ["status"], ["check", "control"], ["tail", "temper.v1.>"], ["dlq", "list"],
+        ["status"],
+        ["check", "control"],
+        ["tail", "temper.v1.>"],
+        ["dlq", "list"],
         ["record", "temper.v1.>", str(tmp_path / "out.jsonl")],
     )
     results = await asyncio.gather(*(temper(url, *argv, timeout_s=15) for argv in commands))

@@ -88,10 +88,14 @@ async def test_shorthands_are_accepted_and_land_in_the_task_streams(
     ("bad_line", "expected"),
     [
         ('{"domain": "math", "prompt": ', ["line 3: not JSON"]),
-        ('{"domain": "math", "prompt": "x", "sampling": {"temperature": -1}}',
-         ["line 3: invalid task", "$.sampling.temperature"]),
-        ('{"domain": "math", "prompt_tokens": [1, 4294967296]}',
-         ["line 3: invalid task", "$.prompt_tokens[1]"]),
+        (
+            '{"domain": "math", "prompt": "x", "sampling": {"temperature": -1}}',
+            ["line 3: invalid task", "$.sampling.temperature"],
+        ),
+        (
+            '{"domain": "math", "prompt_tokens": [1, 4294967296]}',
+            ["line 3: invalid task", "$.prompt_tokens[1]"],
+        ),
     ],
 )
 async def test_a_bad_line_fails_the_whole_file_and_publishes_nothing(
@@ -142,9 +146,7 @@ async def test_submit_with_no_stack_fails_clearly(tmp_path: Path) -> None:
     assert done.err.count("cannot reach NATS") == 1
 
 
-async def test_submit_with_nats_but_no_streams_fails_clearly(
-    nats_url: str, tmp_path: Path
-) -> None:
+async def test_submit_with_nats_but_no_streams_fails_clearly(nats_url: str, tmp_path: Path) -> None:
     path = write(tmp_path, '{"domain": "math", "prompt": "x"}\n')
     done = await temper(nats_url, "submit", str(path))
     assert done.code == 1

@@ -61,7 +61,9 @@ async def test_tail_decodes_messages_and_reports_garbage(nats_url: str) -> None:
     subject = subjects.rollout("math")
     async with client(nats_url) as nc:
         records = await tail_while_publishing(
-            nats_url, nc, ["temper.v1.>", "--count", "4"],
+            nats_url,
+            nc,
+            ["temper.v1.>", "--count", "4"],
             [(subject, encode(rollout())), (subjects.rollout("junk"), GARBAGE)],
         )
     assert len(records) == 4

@@ -74,10 +74,24 @@ class Up:
         port = free_port()
         url = f"nats://127.0.0.1:{port}"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services", "--nats-url", url,
-            "up", "--run-dir", str(run_dir), "--nats-port", str(port), "--grace", "10", *options,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            cwd=ROOT, env=ENV, start_new_session=new_session,
+            sys.executable,
+            "-m",
+            "services",
+            "--nats-url",
+            url,
+            "up",
+            "--run-dir",
+            str(run_dir),
+            "--nats-port",
+            str(port),
+            "--grace",
+            "10",
+            *options,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=ROOT,
+            env=ENV,
+            start_new_session=new_session,
         )
         return cls(proc, run_dir, url)
 
@@ -159,8 +173,13 @@ async def submit_example_while_tailing(url: str) -> tuple[dict[str, object], set
     try:
         for _ in range(10):
             example = await asyncio.create_subprocess_exec(
-                sys.executable, str(ROOT / "examples" / "submit_task.py"), url,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=ENV,
+                sys.executable,
+                str(ROOT / "examples" / "submit_task.py"),
+                url,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=ROOT,
+                env=ENV,
             )
             done = await finish(example)
             assert done.code == 0, done.err
@@ -260,9 +279,7 @@ async def test_terminal_ctrl_c_stops_the_services_before_nats_server(
     ups: list[Up], tmp_path: Path
 ) -> None:
     # A terminal's Ctrl-C goes to the whole foreground process group, not only to `temper up`.
-    up, nats_pid, control_pid = await stack(
-        ups, tmp_path, "--service", "control", new_session=True
-    )
+    up, nats_pid, control_pid = await stack(ups, tmp_path, "--service", "control", new_session=True)
     os.killpg(up.proc.pid, signal.SIGINT)
     await wait_gone([nats_pid], timeout_s=15)
     # nats-server goes last: by the time it is gone every service has stopped.
@@ -283,7 +300,11 @@ async def test_up_on_a_busy_port_fails_cleanly(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         done: Done = await temper(
             f"nats://127.0.0.1:{port}",
-            "up", "--run-dir", str(tmp_path / "run"), "--nats-port", str(port),
+            "up",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--nats-port",
+            str(port),
         )
     assert done.code == 1
     assert "temper: nats-server exited with" in done.out + done.err

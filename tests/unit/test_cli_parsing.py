@@ -76,15 +76,19 @@ def test_prompt_tokens_list_is_packed() -> None:
         ("{not json", "line 4: not JSON"),
         ("[1, 2]", "line 4: expected a JSON object, got list"),
         ('"just a string"', "line 4: expected a JSON object, got str"),
-        ('{"prompt": "x"}',
-         "line 4: invalid task: Object missing required field `domain` (at $.domain)"),
+        (
+            '{"prompt": "x"}',
+            "line 4: invalid task: Object missing required field `domain` (at $.domain)",
+        ),
         ('{"domain": "math", "prompt": "x", "n": 0}', "(at $.n)"),
         ('{"domain": "math", "prompt": "x", "n": "8"}', "Expected `int`, got `str` (at $.n)"),
         ('{"domain": "two words", "prompt": "x"}', "(at $.domain)"),
         ('{"domain": "math", "prompt": "x", "tier": 9}', "(at $.tier)"),
         ('{"domain": "math", "prompt": "x", "sampling": {"top_p": 0}}', "(at $.sampling.top_p)"),
-        ('{"domain": "math", "prompt": [{"role": "robot", "content": "x"}]}',
-         "(at $.prompt[0].role)"),
+        (
+            '{"domain": "math", "prompt": [{"role": "robot", "content": "x"}]}',
+            "(at $.prompt[0].role)",
+        ),
         ('{"domain": "math"}', "exactly one of `prompt` and `prompt_tokens`"),
         ('{"domain": "math", "prompt_tokens": [1, "two"]}', "(at $.prompt_tokens[1])"),
         ('{"domain": "math", "prompt_tokens": [1, 99999999999]}', "(at $.prompt_tokens[1])"),
@@ -145,7 +149,10 @@ def test_command_arguments() -> None:
     parser = build_parser()
     up = parser.parse_args(["up", "--service", "a", "--service", "b", "--nats-port", "5000"])
     assert (up.services, up.nats_port, up.run_dir, up.external_nats) == (
-        ["a", "b"], 5000, Path("run"), False
+        ["a", "b"],
+        5000,
+        Path("run"),
+        False,
     )
     retry = parser.parse_args(["dlq", "retry", "3", "4"])
     assert (retry.seq, retry.all) == ([3, 4], False)

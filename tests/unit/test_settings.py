@@ -62,8 +62,16 @@ def test_every_field_type_is_parsed() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("1", True), ("true", True), ("ON", True), (" Yes ", True),
-     ("0", False), ("false", False), ("off", False), ("NO", False)],
+    [
+        ("1", True),
+        ("true", True),
+        ("ON", True),
+        (" Yes ", True),
+        ("0", False),
+        ("false", False),
+        ("off", False),
+        ("NO", False),
+    ],
 )
 def test_booleans(raw: str, expected: bool) -> None:
     assert build(TEMPER_DEMO_ENABLED=raw).enabled is expected
