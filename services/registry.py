@@ -44,6 +44,7 @@ class ServiceEntry:
 
 BUILTIN: Mapping[str, ServiceEntry] = {
     "control": ServiceEntry("control", "services.control:ControlService"),
+    "sandbox": ServiceEntry("sandbox", "services.sandbox.service:SandboxService"),
 }
 
 

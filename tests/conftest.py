@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,3 +32,57 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 @pytest.fixture
 def nats_url(nats_server: NatsServer) -> str:
     return nats_server.url
+
+
+# ---------------------------------------------------------------- Docker
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO / "deploy" / "sandbox" / "build-offline.sh"
+#: build-offline.sh's exit status when docker, debootstrap or root is missing.
+PREREQUISITE_MISSING = 3
+BUILD_TIMEOUT_S = 1200
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("TEMPER_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"TEMPER_REQUIRE_DOCKER=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _docker_problem() -> str | None:
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return "the Docker engine does not answer (docker info timed out)"
+    if info.returncode != 0:
+        return f"the Docker engine does not answer: {info.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def sandbox_image() -> str:
+    """The offline sandbox image (built once; cached by content hash outside the clone).
+
+    Without a Docker engine: skip, unless TEMPER_REQUIRE_DOCKER=1 (CI), where it fails.
+    """
+    problem = _docker_problem()
+    if problem is not None:
+        _unavailable(problem)
+    started = time.monotonic()
+    build = subprocess.run(
+        [str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+    )
+    if build.returncode == PREREQUISITE_MISSING:
+        _unavailable(f"cannot build the sandbox image: {build.stderr.strip()[-300:]}")
+    assert build.returncode == 0, f"build-offline.sh failed:\n{build.stderr[-4000:]}"
+    tag = build.stdout.strip().splitlines()[-1]
+    assert tag.startswith("temper-sandbox:"), build.stdout
+    print(f"sandbox image {tag} ready in {time.monotonic() - started:.1f}s")
+    return tag

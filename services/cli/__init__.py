@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from services.cli import dlq, messages, stack
+from services.cli import dlq, messages, sandbox, stack
 from services.cli.common import CliError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     stack.register(commands)
     messages.register(commands)
     dlq.register(commands)
+    sandbox.register(commands)
     return parser
 
 
@@ -43,3 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and friends: stop quietly, as shell tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -18,7 +18,18 @@ from services.cli import build_parser, main
 from services.cli.common import CliError
 from services.cli.messages import parse_task, read_tasks
 
-COMMANDS = ("up", "serve", "status", "check", "submit", "tail", "record", "replay", "dlq")
+COMMANDS = (
+    "up",
+    "serve",
+    "status",
+    "check",
+    "submit",
+    "tail",
+    "record",
+    "replay",
+    "dlq",
+    "sandbox",
+)
 HEX_ID = re.compile(r"^[0-9a-f]{32}$")
 
 

@@ -1,0 +1,92 @@
+"""``temper sandbox exec``: run code in the sandbox service and print what it did."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+
+from protocol import subjects
+from protocol.codec import Codec, encode
+from protocol.errors import DecodeError
+from protocol.messages import ErrorReply, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from services.cli.common import CliError, connect, emit_json, run
+
+_BY_SUFFIX = {".py": "python", ".sh": "bash", ".bash": "bash"}
+_REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorReply)
+
+
+def register(commands: Any) -> None:
+    sandbox = commands.add_parser("sandbox", help="run code in the sandbox service")
+    actions = sandbox.add_subparsers(dest="action", required=True, metavar="ACTION")
+    execute = actions.add_parser("exec", help="run code (-c) or a file; exit with its exit code")
+    execute.add_argument(
+        "file", nargs="?", type=Path, help="source file (language from its suffix)"
+    )
+    execute.add_argument("-c", "--code", help="source code to run")
+    execute.add_argument("--lang", help="language (default: from the file suffix, else python)")
+    execute.add_argument("--stdin", type=Path, help="file to feed on standard input")
+    execute.add_argument("--timeout", type=float, help="seconds (default: the service's)")
+    execute.add_argument("--memory-mb", type=int, help="memory limit (default: the service's)")
+    execute.add_argument("--json", action="store_true", help="print the SandboxResult as JSON")
+    execute.set_defaults(run=cmd_exec)
+
+
+def build_request(args: argparse.Namespace) -> SandboxExec:
+    if (args.code is None) == (args.file is None):
+        raise CliError("give either -c CODE or a FILE", 2)
+    if args.file is not None and not args.file.is_file():
+        raise CliError(f"{args.file}: no such file", 2)
+    code = args.code if args.code is not None else args.file.read_text()
+    language = args.lang or (_BY_SUFFIX.get(args.file.suffix, "python") if args.file else "python")
+    stdin = args.stdin.read_bytes() if args.stdin else b""
+    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+    return SandboxExec(
+        id=uuid.uuid4().hex, language=language, code=code, stdin=stdin, limits=limits
+    )
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    request = build_request(args)
+    return run(lambda: _exec(args.nats_url, request, args.json))
+
+
+async def _exec(url: str, request: SandboxExec, as_json: bool) -> int:
+    nc = await connect(url, "temper-sandbox")
+    wait = (request.limits.timeout_s or 120.0) + 30.0
+    try:
+        reply = await nc.request(subjects.sandbox_exec(), encode(request), timeout=wait)
+        result = _REPLY.decode(reply.data)
+    except nats.errors.NoRespondersError:
+        raise CliError("no sandbox service is running (temper up starts one)") from None
+    except (TimeoutError, DecodeError) as error:
+        raise CliError(f"no usable answer from the sandbox service: {error}") from None
+    finally:
+        await nc.close()
+    if isinstance(result, ErrorReply):
+        field = f" (at {result.field})" if result.field else ""
+        raise CliError(f"refused: {result.message}{field}", 2)
+    return _show(result, as_json)
+
+
+def _show(result: SandboxResult, as_json: bool) -> int:
+    if as_json:
+        emit_json(result)
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        truncated = (
+            " (output truncated)" if result.stdout_truncated or result.stderr_truncated else ""
+        )
+        detail = f": {result.error}" if result.error else ""
+        print(
+            f"[{result.status.value} in {result.duration_s * 1000:.1f} ms{truncated}{detail}]",
+            file=sys.stderr,
+        )
+    if result.status in (SandboxStatus.OK, SandboxStatus.NONZERO_EXIT):
+        return result.exit_code or 0
+    return 124 if result.status is SandboxStatus.TIMEOUT else 125

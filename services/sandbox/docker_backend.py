@@ -1,0 +1,259 @@
+"""Docker backend: a warm pool of locked-down containers, each running the agent.
+
+Each container: no network, read-only root, a size-capped tmpfs work directory,
+memory (= memory+swap), pids and CPU limits, every capability dropped,
+no-new-privileges, a non-root user, an init process, a nofile ulimit.  The pool
+talks to the agent over a unix socket in a bind-mounted directory.  Containers
+carry the owner's host and pid in a label, so a restarted service reaps what a
+crashed one left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiodocker
+import aiodocker.exceptions
+
+from protocol.messages import SandboxStatus
+from services.sandbox import cgroups
+from services.sandbox.agent_client import AgentClient, AgentError, ExecRequest
+from services.sandbox.backend import Box, Outcome, SandboxUnavailable, agent_status
+from services.sandbox.limits import container_shape
+from services.sandbox.pool import WarmPool, failed
+from services.sandbox.settings import Limits, SandboxSettings
+
+LABEL = "temper.sandbox"
+OWNER_LABEL = "temper.sandbox.owner"
+SOCKET_DIR_IN_CONTAINER = "/run/temper"
+SOCKET_NAME = "agent.sock"
+READY_TIMEOUT_S = 20.0
+
+
+class ImageMissing(RuntimeError):
+    def __init__(self, image: str) -> None:
+        super().__init__(
+            f"sandbox image {image!r} not found; build it with deploy/sandbox/build-offline.sh"
+        )
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def docker_ready(settings: SandboxSettings) -> bool:
+    """The engine answers and holds the sandbox image."""
+    try:
+        async with aiodocker.Docker(url=settings.docker_url or None) as docker:
+            await docker.images.inspect(settings.image)
+    except (aiodocker.exceptions.DockerError, OSError, ValueError):
+        return False
+    return True
+
+
+class DockerBackend(WarmPool):
+    name = "docker"
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        super().__init__(settings)
+        self._docker: aiodocker.Docker | None = None
+
+    @property
+    def docker(self) -> aiodocker.Docker:
+        if self._docker is None:
+            raise SandboxUnavailable("docker backend not started")
+        return self._docker
+
+    async def start(self) -> None:
+        self._docker = aiodocker.Docker(url=self.settings.docker_url or None)
+        try:
+            await self._docker.images.inspect(self.settings.image)
+        except aiodocker.exceptions.DockerError as error:
+            await self._docker.close()
+            self._docker = None
+            if error.status == 404:
+                raise ImageMissing(self.settings.image) from None
+            raise
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        await self.reap_orphans()
+
+    async def reap_orphans(self) -> int:
+        """Remove containers whose owning process (on this host) is gone."""
+        host = socket.gethostname()
+        reaped = 0
+        for container in await self.docker.containers.list(all=True, filters={"label": [LABEL]}):
+            owner = container._container.get("Labels", {}).get(OWNER_LABEL, "")
+            owner_host, _, pid = owner.rpartition(":")
+            if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+                name = container._container.get("Names", [""])[0].lstrip("/")
+                await self._remove(container.id, name)
+                reaped += 1
+        if reaped:
+            self._log.info("reaped_orphans", count=reaped)
+        return reaped
+
+    async def close(self) -> None:
+        await super().close()
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None
+
+    async def execute(self, box: Box, request: ExecRequest, limits: Limits) -> Outcome:
+        before = cgroups.read(box.id)
+        try:
+            reply = await self._run_agent(box, request, limits)
+        except AgentError as error:
+            return await self._agent_lost(box, request, before, error)
+        if isinstance(reply, Outcome):
+            return reply
+        status = agent_status(reply)
+        after = cgroups.read(box.id)
+        if after.oom_kills > before.oom_kills and status in _MAYBE_OOM:
+            status = SandboxStatus.OOM
+        if status in _SPOILING or after.pids_max_hits > before.pids_max_hits:
+            box.spoiled = status.value
+        return Outcome(reply=reply, status=status, error=reply.error)
+
+    async def _agent_lost(
+        self, box: Box, request: ExecRequest, before: cgroups.Counters, error: AgentError
+    ) -> Outcome:
+        """The agent died mid-exec: the code killed it (or PID 1), or the kernel did (OOM)."""
+        box.spoiled = "agent lost"
+        if cgroups.read(box.id).oom_kills > before.oom_kills:
+            return failed(
+                request, SandboxStatus.OOM, "out of memory; the sandbox agent was killed", 0.0
+            )
+        # Let the engine settle: a container being removed still reports Running for a moment.
+        await asyncio.sleep(0.5)
+        state = await self._state(box)
+        if state is None or state.get("Status") in ("removing", "dead"):
+            return failed(request, SandboxStatus.INFRA_ERROR, "the sandbox container vanished", 0.0)
+        if state.get("Running"):
+            return failed(request, SandboxStatus.KILLED, f"the sandbox agent died: {error}", 0.0)
+        return failed(request, SandboxStatus.KILLED, "the sandbox's init process was killed", 0.0)
+
+    async def _spawn(self, limits: Limits) -> Box:
+        name = f"temper-sbx-{uuid.uuid4().hex[:12]}"
+        socket_dir = self.settings.state_dir / name
+        check_socket_path(socket_dir / SOCKET_NAME)
+        socket_dir.mkdir(parents=True)
+        _give_to_user(socket_dir, self.settings.user)
+        config = self._config(limits, socket_dir)
+        container = await self.docker.containers.create(config, name=name)
+        try:
+            await container.start()
+            agent = await wait_for_agent(socket_dir / SOCKET_NAME)
+        except BaseException:
+            await self._remove(container.id, name)
+            raise
+        return Box(
+            id=container.id, agent=agent, shape=container_shape(limits), extra={"name": name}
+        )
+
+    def _config(self, limits: Limits, socket_dir: Path) -> dict[str, Any]:
+        user = self.settings.user
+        memory = limits.memory_mb * 1024 * 1024
+        tmpfs = f"rw,nosuid,nodev,uid={user},gid={user},mode=0700"
+        nofile = self.settings.nofile
+        return {
+            "Image": self.settings.image,
+            "User": user,
+            "Labels": {LABEL: "1", OWNER_LABEL: _owner()},
+            "NetworkDisabled": True,
+            "HostConfig": {
+                "NetworkMode": "none",
+                "ReadonlyRootfs": True,
+                "Tmpfs": {"/work": f"{tmpfs},size={limits.disk_mb}m", "/tmp": f"{tmpfs},size=16m"},
+                "Memory": memory,
+                "MemorySwap": memory,
+                "PidsLimit": limits.pids,
+                "NanoCpus": int(limits.cpus * 1e9),
+                "CapDrop": ["ALL"],
+                "SecurityOpt": ["no-new-privileges"],
+                "Init": True,
+                "Ulimits": [{"Name": "nofile", "Soft": nofile, "Hard": nofile}],
+                "Binds": [f"{socket_dir}:{SOCKET_DIR_IN_CONTAINER}"],
+            },
+        }
+
+    async def _kill(self, box: Box) -> None:
+        with contextlib.suppress(aiodocker.exceptions.DockerError):
+            await self.docker.containers.container(box.id).kill()
+
+    async def _state(self, box: Box) -> dict[str, Any] | None:
+        """The container's State, or None when it no longer exists."""
+        try:
+            info = await self.docker.containers.container(box.id).show()
+        except aiodocker.exceptions.DockerError as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(info.get("State", {}))
+
+    async def _destroy(self, box: Box) -> None:
+        await self._remove(box.id, str(box.extra.get("name", "")))
+
+    async def _remove(self, container_id: str, name: str) -> None:
+        with contextlib.suppress(aiodocker.exceptions.DockerError):
+            await self.docker.containers.container(container_id).delete(force=True)
+        if name:
+            shutil.rmtree(self.settings.state_dir / name, ignore_errors=True)
+
+
+_MAYBE_OOM = (SandboxStatus.KILLED, SandboxStatus.NONZERO_EXIT)
+_SPOILING = (SandboxStatus.TIMEOUT, SandboxStatus.OOM)
+
+
+def _give_to_user(path: Path, user: str) -> None:
+    """The agent (a non-root user in the container) creates its socket here."""
+    if user.isdigit() and os.geteuid() == 0:
+        os.chown(path, int(user), int(user))
+    path.chmod(0o700)
+
+
+#: AF_UNIX socket paths are limited to 107 bytes on Linux.
+MAX_SOCKET_PATH = 107
+
+
+def check_socket_path(path: Path) -> Path:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise SandboxUnavailable(
+            f"agent socket path {str(path)!r} is over {MAX_SOCKET_PATH} bytes: use a shorter state_dir"
+        )
+    return path
+
+
+async def wait_for_agent(
+    path: Path, timeout_s: float = READY_TIMEOUT_S, log: Path | None = None
+) -> AgentClient:
+    """Connect once the sandbox's agent has created its socket and answers a ping."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if path.exists():  # noqa: ASYNC240 (one stat of a local socket path)
+            with contextlib.suppress(AgentError, OSError):
+                agent = await AgentClient.connect(path, timeout_s=2.0)
+                await agent.ping()
+                return agent
+        if time.monotonic() > deadline:
+            said = log.read_text(errors="replace")[-500:] if log and log.exists() else ""
+            detail = f"; it said: {said}" if said else ""
+            raise SandboxUnavailable(f"sandbox agent did not come up within {timeout_s}s{detail}")
+        await asyncio.sleep(0.01)

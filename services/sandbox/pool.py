@@ -1,0 +1,167 @@
+"""A warm pool of sandboxes, whatever creates them: idle ones wait ready, used ones are reset."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+
+from protocol.messages import SandboxStatus
+from services.runtime.logs import get_logger
+from services.sandbox.agent_client import AgentError, AgentTimeout, ExecReply, ExecRequest
+from services.sandbox.backend import Box, Outcome, SandboxUnavailable
+from services.sandbox.limits import container_shape
+from services.sandbox.settings import Limits, SandboxSettings
+
+
+class WarmPool(abc.ABC):
+    """Keeps ``pool_size`` sandboxes of the default shape; others are made on demand.
+
+    Used sandboxes are reset and reused; one that is spoiled (timeout, OOM, agent lost)
+    or worn out (``max_uses``) is replaced in the background.
+    """
+
+    name = "pool"
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
+        self._idle: asyncio.Queue[Box] = asyncio.Queue()
+        self._creating = 0
+        self._creates = asyncio.Semaphore(settings.max_creates)
+        self._wanted = asyncio.Event()
+        self._boxes: dict[str, Box] = {}
+        self._default_shape = container_shape(settings.defaults)
+        self._log = get_logger(component=f"{self.name}-backend")
+        self.created = 0
+        self.recycled = 0
+        self.cold_start_s: list[float] = []
+
+    # ---------------------------------------------------------------- subclass hooks
+
+    @abc.abstractmethod
+    async def _spawn(self, limits: Limits) -> Box:
+        """Create and start one sandbox whose agent answers."""
+
+    @abc.abstractmethod
+    async def _destroy(self, box: Box) -> None:
+        """Remove a sandbox and everything it left on the host."""
+
+    async def _kill(self, box: Box) -> None:
+        """End a sandbox whose agent does not answer (the outer watchdog)."""
+        await self._destroy(box)
+
+    # ---------------------------------------------------------------- pool
+
+    async def maintain(self) -> None:
+        """Keep ``pool_size`` warm sandboxes, creating at most ``max_creates`` at once."""
+        self._wanted.set()
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            missing = self.settings.pool_size - self._warm_count() - self._creating
+            if missing > 0:
+                await asyncio.gather(*(self._warm_one() for _ in range(missing)))
+
+    def _warm_count(self) -> int:
+        """Sandboxes of the default shape, idle or leased: ``pool_size`` bounds them all."""
+        return sum(1 for box in self._boxes.values() if box.shape == self._default_shape)
+
+    async def _warm_one(self) -> None:
+        self._creating += 1
+        try:
+            box = await self._create(self.settings.defaults)
+        except Exception as error:  # the engine may be briefly unavailable; try again shortly
+            self._log.error("warm_create_failed", error=repr(error))
+            await asyncio.sleep(1.0)
+            self._wanted.set()
+            return
+        finally:
+            self._creating -= 1
+        self._idle.put_nowait(box)
+
+    async def _create(self, limits: Limits) -> Box:
+        async with self._creates:
+            started = time.perf_counter()
+            box = await self._spawn(limits)
+        self._boxes[box.id] = box
+        self.created += 1
+        self.cold_start_s = [*self.cold_start_s[-99:], time.perf_counter() - started]
+        return box
+
+    async def acquire(self, limits: Limits) -> Box:
+        if container_shape(limits) != self._default_shape:
+            return await self._create(limits)  # unusual limits: a dedicated sandbox
+        try:
+            return await asyncio.wait_for(self._idle.get(), timeout=self.settings.acquire_timeout_s)
+        except TimeoutError:
+            raise SandboxUnavailable(
+                f"no sandbox free within {self.settings.acquire_timeout_s}s"
+            ) from None
+        finally:
+            self._wanted.set()
+
+    async def release(self, box: Box) -> None:
+        worn = box.uses >= self.settings.max_uses or box.shape != self._default_shape
+        if box.spoiled is None and not worn:
+            try:
+                await box.agent.reset(timeout_s=5.0)
+            except AgentError as error:
+                box.spoiled = f"reset failed: {error}"
+            else:
+                self._idle.put_nowait(box)
+                return
+        await self._discard(box)
+        self._wanted.set()
+
+    async def _discard(self, box: Box) -> None:
+        self._boxes.pop(box.id, None)
+        await box.agent.close()
+        await self._destroy(box)
+        self.recycled += 1
+
+    async def close(self) -> None:
+        boxes = list(self._boxes.values())
+        await asyncio.gather(*(self._discard(box) for box in boxes), return_exceptions=True)
+
+    # ---------------------------------------------------------------- execution
+
+    async def _run_agent(
+        self, box: Box, request: ExecRequest, limits: Limits
+    ) -> ExecReply | Outcome:
+        """The agent's reply, or the Outcome of a watchdog kill."""
+        box.uses += 1
+        watchdog = limits.timeout_s + self.settings.watchdog_grace_s
+        try:
+            return await box.agent.exec(request, timeout_s=watchdog)
+        except AgentTimeout:
+            # The agent missed its own deadline: kill the sandbox for real.
+            box.spoiled = "watchdog"
+            await self._kill(box)
+            return failed(request, SandboxStatus.TIMEOUT, "killed by the outer watchdog", watchdog)
+
+    def statistics(self) -> dict[str, float]:
+        starts = sorted(self.cold_start_s)
+        return {
+            "pool_idle": float(self._idle.qsize()),
+            "pool_creating": float(self._creating),
+            "sandboxes": float(len(self._boxes)),
+            "sandboxes_created": float(self.created),
+            "sandboxes_recycled": float(self.recycled),
+            "cold_start_p50_s": starts[len(starts) // 2] if starts else 0.0,
+        }
+
+
+def failed(request: ExecRequest, status: SandboxStatus, error: str, duration_s: float) -> Outcome:
+    reply = ExecReply(
+        id=request.id,
+        status=status,
+        exit_code=None,
+        signal=None,
+        stdout=b"",
+        stderr=b"",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        duration_s=duration_s,
+        error=error,
+    )
+    return Outcome(reply=reply, status=status, error=error)

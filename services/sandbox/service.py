@@ -1,0 +1,320 @@
+"""The sandbox service: SandboxExec by request/reply, and sessions for multi-step tasks.
+
+One-off execs arrive on ``temper.v1.sandbox.exec`` (queue group: any instance).
+A session is opened on ``temper.v1.sandbox.session``; its later requests go to
+the subject of the instance holding its sandbox.  A session's lease is renewed by
+every use and reclaimed when it runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
+from typing import Any
+
+from protocol import subjects
+from protocol.codec import Codec
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    Message,
+    SandboxClose,
+    SandboxExec,
+    SandboxOpen,
+    SandboxResult,
+    SandboxSession,
+    SandboxSnapshotRequest,
+    SandboxStatus,
+)
+from services.runtime.errors import RequestRejected
+from services.runtime.responder import Request
+from services.runtime.service import Service
+from services.sandbox.agent_client import ExecRequest
+from services.sandbox.backend import Backend, Box, Outcome, SandboxUnavailable
+from services.sandbox.limits import resolve
+from services.sandbox.settings import Limits, SandboxSettings
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    box: Box
+    limits: Limits
+    language: str
+    ttl_s: float
+    expires_at: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def renew(self) -> None:
+        self.expires_at = time.time() + self.ttl_s
+
+
+def make_backend(settings: SandboxSettings, name: str | None = None) -> Backend:
+    name = name or settings.backend
+    if name == "docker":
+        from services.sandbox.docker_backend import DockerBackend
+
+        return DockerBackend(settings)
+    if name in ("bwrap", "subprocess"):
+        from services.sandbox.local_backend import LocalBackend
+
+        return LocalBackend(replace(settings, backend=name))
+    raise ValueError(f"unknown sandbox backend {name!r} (auto, docker, bwrap, subprocess)")
+
+
+async def detect_backend(settings: SandboxSettings) -> str:
+    """``auto``: Docker when the engine answers and has the image, else bubblewrap, else bare."""
+    from services.sandbox.docker_backend import docker_ready
+
+    if await docker_ready(settings):
+        return "docker"
+    return "bwrap" if shutil.which("bwrap") else "subprocess"
+
+
+class SandboxService(Service):
+    name = "sandbox"
+
+    def __init__(self, settings: SandboxSettings, backend: Backend | None = None) -> None:
+        super().__init__(settings.runtime)
+        self.settings = settings
+        self._backend = backend
+        self.subject = subjects.sandbox_instance(re.sub(r"[^A-Za-z0-9_-]", "-", self.instance))
+        self._sessions: dict[str, Session] = {}
+        self._releases: asyncio.Queue[Box] = asyncio.Queue(
+            maxsize=max(64, settings.max_in_flight * 2)
+        )
+        self.executed = 0
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise RuntimeError("the sandbox backend is chosen at start")
+        return self._backend
+
+    async def setup(self) -> None:
+        if self._backend is None:
+            name = self.settings.backend
+            if name == "auto":
+                name = await detect_backend(self.settings)
+            self._backend = make_backend(self.settings, name)
+        self.log.info("sandbox_backend", backend=self.backend.name)
+        await self.backend.start()
+        limit = self.settings.max_in_flight
+        self.respond(
+            subjects.sandbox_exec(), Codec(SandboxExec), self._on_exec, max_in_flight=limit
+        )
+        self.respond(subjects.sandbox_session(), Codec(SandboxOpen), self._on_open)
+        self.listen(
+            self.subject,
+            Codec(SandboxExec | SandboxSnapshotRequest | SandboxClose),
+            self._on_instance,
+        )
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self.backend.maintain(), self._release_loop(), self._expire_loop()]
+
+    async def teardown(self) -> None:
+        for session in list(self._sessions.values()):
+            await self._end(session)
+        while not self._releases.empty():
+            await self.backend.release(self._releases.get_nowait())
+        await self.backend.close()
+
+    def statistics(self) -> dict[str, float]:
+        values = super().statistics()
+        values.update(self.backend.statistics())
+        values["sessions"] = float(len(self._sessions))
+        values["executed"] = float(self.executed)
+        return values
+
+    # ---------------------------------------------------------------- one-off execs
+
+    async def _on_exec(self, request: SandboxExec, _: Request) -> Message:
+        if request.session is not None:
+            return await self._session_exec(request)
+        limits = resolve(request.limits, self.settings.defaults, self.settings.maxima)
+        exec_request = self._exec_request(request, limits, request.language)
+        try:
+            box = await self.backend.acquire(limits)
+        except SandboxUnavailable as error:
+            return _infra(request, str(error))
+        try:
+            outcome = await self.backend.execute(box, exec_request, limits)
+        finally:
+            await self._releases.put(box)
+        return self._result(request, outcome)
+
+    def _exec_request(self, request: SandboxExec, limits: Limits, language: str) -> ExecRequest:
+        self._check_request(request, language)
+        return ExecRequest(
+            id=request.id,
+            language=language if request.code is not None else None,
+            code=request.code,
+            argv=list(request.command) if request.command is not None else None,
+            stdin=request.stdin,
+            files=dict(request.files),
+            timeout_s=limits.timeout_s,
+            output_bytes=limits.output_bytes,
+            env={},
+        )
+
+    def _check_request(self, request: SandboxExec, language: str) -> None:
+        if request.code is not None and language not in self.settings.languages:
+            known = ", ".join(self.settings.languages)
+            raise RequestRejected(
+                ErrorCode.BAD_REQUEST,
+                f"unknown language {language!r} (known: {known})",
+                field="$.language",
+            )
+        size = len((request.code or "").encode()) + sum(len(a) for a in request.command or [])
+        size += sum(len(content) for content in request.files.values()) + len(request.stdin)
+        if size > self.settings.max_code_bytes:
+            raise RequestRejected(
+                ErrorCode.TOO_LARGE,
+                f"code, files and stdin total {size} bytes, "
+                f"over the limit of {self.settings.max_code_bytes}",
+                field="$.code",
+            )
+        for path in request.files:
+            _check_path(path)
+
+    def _result(self, request: SandboxExec, outcome: Outcome) -> SandboxResult:
+        self.executed += 1
+        reply = outcome.reply
+        return SandboxResult(
+            id=request.id,
+            status=outcome.status,
+            session=request.session,
+            exit_code=reply.exit_code,
+            stdout=reply.stdout.decode("utf-8", "replace"),
+            stderr=reply.stderr.decode("utf-8", "replace"),
+            stdout_truncated=reply.stdout_truncated,
+            stderr_truncated=reply.stderr_truncated,
+            duration_s=reply.duration_s,
+            error=outcome.error,
+        )
+
+    async def _release_loop(self) -> None:
+        """Reset (or replace) used sandboxes after the reply went out, off the request's path."""
+        while True:
+            box = await self._releases.get()
+            try:
+                await self.backend.release(box)
+            except Exception as error:  # one bad container must not stop the pool
+                self.log.error("release_failed", error=repr(error))
+
+    # ---------------------------------------------------------------- sessions
+
+    async def _on_open(self, request: SandboxOpen, _: Request) -> Message:
+        if len(self._sessions) >= self.settings.max_sessions:
+            raise RequestRejected(
+                ErrorCode.UNAVAILABLE,
+                f"this instance holds {len(self._sessions)} sessions (the maximum)",
+            )
+        if request.snapshot is not None:
+            raise RequestRejected(
+                ErrorCode.BAD_REQUEST, "snapshots are not available yet", field="$.snapshot"
+            )
+        limits = resolve(request.limits, self.settings.defaults, self.settings.maxima)
+        for path in request.files:
+            _check_path(path)
+        try:
+            box = await self.backend.acquire(limits)
+        except SandboxUnavailable as error:
+            raise RequestRejected(ErrorCode.UNAVAILABLE, str(error)) from None
+        ttl = request.ttl_s or self.settings.session_ttl_s
+        session = Session(uuid.uuid4().hex, box, limits, request.language, ttl, time.time() + ttl)
+        self._sessions[session.id] = session
+        if request.files:
+            await self._write_files(session, request.files)
+        return self._describe(session, "open")
+
+    async def _write_files(self, session: Session, files: dict[str, bytes]) -> None:
+        setup = ExecRequest(
+            id=f"{session.id}-files",
+            language=None,
+            code=None,
+            argv=["true"],
+            stdin=b"",
+            files=files,
+            timeout_s=session.limits.timeout_s,
+            output_bytes=1024,
+            env={},
+        )
+        await self.backend.execute(session.box, setup, session.limits)
+
+    async def _on_instance(self, request: Message, ctx: Request) -> Message:
+        if isinstance(request, SandboxExec):
+            return await self._session_exec(request)
+        if isinstance(request, SandboxClose):
+            session = self._session(request.session)
+            await self._end(session)
+            return self._describe(session, "closed")
+        assert isinstance(request, SandboxSnapshotRequest)
+        self._session(request.session)
+        raise RequestRejected(
+            ErrorCode.BAD_REQUEST, "snapshots are not available yet", field="$.session"
+        )
+
+    async def _session_exec(self, request: SandboxExec) -> Message:
+        session = self._session(request.session or "")
+        async with session.lock:
+            session.renew()
+            exec_request = self._exec_request(request, session.limits, request.language)
+            outcome = await self.backend.execute(session.box, exec_request, session.limits)
+        if session.box.spoiled is not None:
+            await self._end(session)  # its sandbox is gone; the caller restores from a snapshot
+        return self._result(request, outcome)
+
+    def _session(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.expires_at < time.time():
+            raise RequestRejected(
+                ErrorCode.BAD_REQUEST,
+                f"unknown or expired session {session_id!r} on this instance",
+                field="$.session",
+            )
+        return session
+
+    def _describe(self, session: Session, state: str) -> SandboxSession:
+        return SandboxSession(
+            session=session.id,
+            subject=self.subject,
+            state=state,  # type: ignore[arg-type]
+            expires_at=session.expires_at,
+        )
+
+    async def _end(self, session: Session) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            await self._releases.put(session.box)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for session in [
+                s for s in self._sessions.values() if s.expires_at < now and not s.lock.locked()
+            ]:
+                self.log.info("session_expired", session=session.id)
+                await self._end(session)
+
+
+def _check_path(path: str) -> None:
+    parts = PurePosixPath(path).parts
+    if not path or path.startswith("/") or ".." in parts or "\x00" in path:
+        raise RequestRejected(
+            ErrorCode.BAD_REQUEST,
+            f"file path {path!r} must be relative and stay in the work directory",
+            field="$.files",
+        )
+
+
+def _infra(request: SandboxExec, error: str) -> SandboxResult:
+    return SandboxResult(
+        id=request.id, status=SandboxStatus.INFRA_ERROR, session=request.session, error=error
+    )

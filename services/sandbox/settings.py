@@ -1,0 +1,64 @@
+"""Sandbox service settings: defaults a request gets, maxima no request may exceed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.runtime.settings import RuntimeSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Resolved limits of one execution (every field set)."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    pids: int = 128
+    cpus: float = 1.0
+    output_bytes: int = 1024 * 1024
+    disk_mb: int = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSettings:
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    #: ``docker``; ``bwrap`` (bubblewrap, no Docker needed); ``subprocess`` (weak isolation);
+    #: ``auto``: docker when the engine answers and has the image, else bwrap, else subprocess.
+    backend: str = "auto"
+    image: str = "temper-sandbox:latest"
+    #: Warm containers kept ready.
+    pool_size: int = 4
+    #: Container creations at once (each costs a core for a moment).
+    max_creates: int = 2
+    #: Recycle a sandbox after this many uses (reset in between).
+    max_uses: int = 100
+    #: Per-container socket directories live here (bind-mounted into the containers).
+    state_dir: Path = Path("/tmp/temper-sandbox")
+    snapshot_dir: Path = Path("/tmp/temper-sandbox/snapshots")
+    defaults: Limits = field(default_factory=Limits)
+    maxima: Limits = field(
+        default_factory=lambda: Limits(
+            timeout_s=120.0,
+            memory_mb=4096,
+            pids=1024,
+            cpus=2.0,
+            output_bytes=16 << 20,
+            disk_mb=1024,
+        )
+    )
+    languages: tuple[str, ...] = ("python", "bash", "sh")
+    max_code_bytes: int = 1 << 20
+    #: How long a request may wait for a free sandbox before an ``unavailable`` error.
+    acquire_timeout_s: float = 30.0
+    #: Outer watchdog: kill the sandbox if the agent has not answered this long after the timeout.
+    watchdog_grace_s: float = 3.0
+    session_ttl_s: float = 300.0
+    max_sessions: int = 64
+    #: Concurrent executions served by one instance.
+    max_in_flight: int = 16
+    #: Container user; must match the image (deploy/sandbox).
+    user: str = "10001"
+    nofile: int = 256
+    #: Docker engine URL; empty uses the local socket (or DOCKER_HOST).
+    docker_url: str = ""

@@ -1,0 +1,252 @@
+"""The sandbox service through NATS, on the real Docker engine (and on the local backends).
+
+Docker tests skip without an engine, unless TEMPER_REQUIRE_DOCKER=1 (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiodocker
+import pytest
+from nats.aio.client import Client as NATS
+
+from protocol import subjects
+from protocol.codec import Codec, encode
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    ErrorReply,
+    Message,
+    SandboxClose,
+    SandboxExec,
+    SandboxLimits,
+    SandboxOpen,
+    SandboxResult,
+    SandboxSession,
+    SandboxStatus,
+)
+from services.runtime.settings import RuntimeSettings
+from services.sandbox.docker_backend import LABEL, OWNER_LABEL
+from services.sandbox.service import SandboxService
+from services.sandbox.settings import Limits, SandboxSettings
+from tests.integration.support import client
+
+REPLIES: Codec[SandboxResult | SandboxSession | ErrorReply] = Codec(
+    SandboxResult | SandboxSession | ErrorReply
+)
+
+
+def settings(
+    url: str, tmp: Path, backend: str, image: str = "", **overrides: object
+) -> SandboxSettings:
+    values: dict[str, object] = {
+        "runtime": RuntimeSettings(nats_url=url, heartbeat_s=0.2, grace_s=5, instance="sbx-test"),
+        "backend": backend,
+        "pool_size": 2,
+        # AF_UNIX paths are short: keep the sockets out of pytest's long tmp paths.
+        "state_dir": Path(tempfile.mkdtemp(prefix="tsb-")),
+        "snapshot_dir": tmp / "snapshots",
+        "defaults": Limits(timeout_s=5.0, memory_mb=128, pids=64, output_bytes=65536, disk_mb=16),
+        "session_ttl_s": 30.0,
+    }
+    if image:
+        values["image"] = image
+    values.update(overrides)
+    return SandboxSettings(**values)  # type: ignore[arg-type]
+
+
+async def ask(
+    nc: NATS, message: Message, subject: str | None = None, timeout_s: float = 30
+) -> object:
+    reply = await nc.request(subject or subjects.sandbox_exec(), encode(message), timeout=timeout_s)
+    return REPLIES.decode(reply.data)
+
+
+async def run(nc: NATS, code: str, **fields: object) -> SandboxResult:
+    result = await ask(nc, SandboxExec(id="t", code=code, **fields))  # type: ignore[arg-type]
+    assert isinstance(result, SandboxResult), result
+    return result
+
+
+async def wait_warm(service: SandboxService, count: int, timeout_s: float = 60) -> None:
+    async with asyncio.timeout(timeout_s):
+        while service.backend.statistics()["pool_idle"] < count:
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def docker_sandbox(
+    nats_url: str, tmp_path: Path, sandbox_image: str
+) -> AsyncIterator[tuple[SandboxService, NATS]]:
+    service = SandboxService(settings(nats_url, tmp_path, "docker", sandbox_image))
+    async with service, client(nats_url) as nc:
+        await wait_warm(service, 2)
+        yield service, nc
+
+
+async def test_runs_python_and_bash_as_the_sandbox_user(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    _, nc = docker_sandbox
+    ok = await run(nc, "import os, sys; print(os.getuid(), sys.stdin.read())", stdin=b"hi")
+    assert (ok.status, ok.exit_code, ok.stdout) == (SandboxStatus.OK, 0, "10001 hi\n")
+    bash = await run(nc, "echo $((6*7)) >&2; exit 3", language="bash")
+    assert (bash.status, bash.exit_code, bash.stderr) == (SandboxStatus.NONZERO_EXIT, 3, "42\n")
+
+
+async def test_files_are_written_and_each_task_gets_a_clean_workdir(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    _, nc = docker_sandbox
+    wrote = await run(nc, "print(open('data/in.txt').read())", files={"data/in.txt": b"payload"})
+    assert wrote.stdout == "payload\n"
+    for _ in range(3):  # whichever container comes next, the file is gone
+        later = await run(nc, "import os; print(sorted(os.listdir('.')))")
+        assert later.stdout == "[]\n"
+
+
+async def test_timeout_and_oom_are_typed_and_the_pool_recovers(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    service, nc = docker_sandbox
+    slow = await run(nc, "while True: pass", limits=SandboxLimits(timeout_s=0.5))
+    assert slow.status is SandboxStatus.TIMEOUT
+    hog = await run(nc, "x = bytearray(1 << 30)")
+    assert hog.status is SandboxStatus.OOM
+    await wait_warm(service, 2)
+    assert service.backend.statistics()["sandboxes_recycled"] >= 2  # both were replaced
+    assert (await run(nc, "print('fine')")).stdout == "fine\n"
+
+
+async def test_bad_requests_get_typed_errors(docker_sandbox: tuple[SandboxService, NATS]) -> None:
+    service, nc = docker_sandbox
+    cases = [
+        (SandboxExec(id="a", language="cobol", code="x"), ErrorCode.BAD_REQUEST, "$.language"),
+        (SandboxExec(id="b", code="x" * (2 << 20)), ErrorCode.TOO_LARGE, "$.code"),
+        (
+            SandboxExec(id="c", code="x", limits=SandboxLimits(memory_mb=1 << 20)),
+            ErrorCode.BAD_REQUEST,
+            "$.limits.memory_mb",
+        ),
+        (SandboxExec(id="d", code="x", files={"../escape": b""}), ErrorCode.BAD_REQUEST, "$.files"),
+        (SandboxExec(id="e", code="x", session="nope"), ErrorCode.BAD_REQUEST, "$.session"),
+    ]
+    for request, code, field in cases:
+        reply = await ask(nc, request)
+        assert isinstance(reply, ErrorReply), request
+        assert (reply.code, reply.field) == (code, field)
+    garbage = await nc.request(subjects.sandbox_exec(), b"\xc1 not msgpack", timeout=5)
+    assert REPLIES.decode(garbage.data).code is ErrorCode.NOT_MSGPACK  # type: ignore[union-attr]
+    assert (await run(nc, "print(1)")).status is SandboxStatus.OK
+    assert not service.crashed.is_set()
+
+
+async def test_a_session_keeps_its_sandbox_until_closed(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    _, nc = docker_sandbox
+    opened = await ask(
+        nc, SandboxOpen(id="o", files={"state.txt": b"0"}), subjects.sandbox_session()
+    )
+    assert isinstance(opened, SandboxSession) and opened.state == "open"
+    step = "n = int(open('state.txt').read()) + 1; open('state.txt', 'w').write(str(n)); print(n)"
+    outputs = []
+    for _ in range(3):
+        result = await ask(
+            nc, SandboxExec(id="s", session=opened.session, code=step), opened.subject
+        )
+        assert isinstance(result, SandboxResult)
+        outputs.append(result.stdout)
+    assert outputs == ["1\n", "2\n", "3\n"]
+    closed = await ask(nc, SandboxClose(session=opened.session), opened.subject)
+    assert isinstance(closed, SandboxSession) and closed.state == "closed"
+    gone = await ask(nc, SandboxExec(id="s", session=opened.session, code=step), opened.subject)
+    assert isinstance(gone, ErrorReply) and gone.field == "$.session"
+
+
+async def test_an_abandoned_session_is_reclaimed(
+    nats_url: str, tmp_path: Path, sandbox_image: str
+) -> None:
+    service = SandboxService(
+        settings(nats_url, tmp_path, "docker", sandbox_image, session_ttl_s=0.5)
+    )
+    async with service, client(nats_url) as nc:
+        opened = await ask(nc, SandboxOpen(id="o", ttl_s=0.5), subjects.sandbox_session())
+        assert isinstance(opened, SandboxSession)
+        async with asyncio.timeout(10):
+            while service.statistics()["sessions"]:
+                await asyncio.sleep(0.1)
+        late = await ask(nc, SandboxExec(id="s", session=opened.session, code="1"), opened.subject)
+        assert isinstance(late, ErrorReply)
+
+
+async def test_leftovers_of_a_dead_owner_are_reaped(
+    nats_url: str, tmp_path: Path, sandbox_image: str
+) -> None:
+    async with aiodocker.Docker() as docker:
+        orphan = await docker.containers.create(
+            {
+                "Image": sandbox_image,
+                "Cmd": ["sleep", "600"],
+                "NetworkDisabled": True,
+                "HostConfig": {"NetworkMode": "none"},
+                "Labels": {LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:{_dead_pid()}"},
+            },
+        )
+        await orphan.start()
+        service = SandboxService(settings(nats_url, tmp_path, "docker", sandbox_image))
+        async with service:
+            with pytest.raises(aiodocker.exceptions.DockerError):
+                await docker.containers.get(orphan.id)
+        left = await docker.containers.list(all=True, filters={"label": [f"{OWNER_LABEL}={_me()}"]})
+        assert left == []  # and stopping the service removed its own containers
+
+
+async def test_a_vanished_container_is_an_infra_error(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    service, nc = docker_sandbox
+    pending = asyncio.ensure_future(run(nc, "import time; time.sleep(30)"))
+    async with asyncio.timeout(10):
+        while not service.backend.statistics().get("sandboxes"):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+    busy = [b for b in service.backend._boxes.values() if b.uses]  # type: ignore[attr-defined]
+    assert len(busy) == 1
+    async with aiodocker.Docker() as docker:
+        await docker.containers.container(busy[0].id).delete(force=True)
+    result = await pending
+    assert result.status is SandboxStatus.INFRA_ERROR
+    await wait_warm(service, 2)
+    assert (await run(nc, "print(2)")).stdout == "2\n"
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "subprocess"])
+async def test_local_backends_serve_the_same_api(
+    nats_url: str, tmp_path: Path, backend: str
+) -> None:
+    service = SandboxService(settings(nats_url, tmp_path, backend))
+    async with service, client(nats_url) as nc:
+        ok = await run(nc, "print(sum(range(10)))")
+        assert (ok.status, ok.stdout) == (SandboxStatus.OK, "45\n")
+        slow = await run(nc, "import time; time.sleep(30)", limits=SandboxLimits(timeout_s=0.3))
+        assert slow.status is SandboxStatus.TIMEOUT
+        assert (await run(nc, "echo ok", language="bash")).stdout == "ok\n"
+
+
+def _dead_pid() -> int:
+    pid = 2**22 - 7
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        pid -= 1
+
+
+def _me() -> str:
+    return f"{os.uname().nodename}:{os.getpid()}"

@@ -1,0 +1,651 @@
+"""The sandbox agent on the host (no container mode), driven through AgentClient.
+
+Each test starts its own agent as a subprocess with a temporary socket and workdir.
+No Docker: this is the agent's contract on its own (protocol, limits, kills, reaping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.messages import SandboxStatus
+from services.sandbox.agent_client import (
+    AgentClient,
+    AgentRejected,
+    AgentTimeout,
+    AgentUnavailable,
+    ExecLimits,
+    ExecReply,
+    ExecRequest,
+)
+
+AGENT = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "agent.py"
+WATCHDOG_S = 30.0
+MIB = 1024 * 1024
+
+
+@dataclass
+class RunningAgent:
+    proc: subprocess.Popen[bytes]
+    socket: Path
+    workdir: Path
+
+
+@contextlib.contextmanager
+def start_agent(tmp_path: Path, *extra: str) -> Iterator[RunningAgent]:
+    """An agent subprocess, ready (socket in place); SIGTERM-ed and checked on the way out."""
+    # AF_UNIX paths are capped at 108 bytes: pytest's tmp_path can be longer.
+    sock_dir = Path(tempfile.mkdtemp(prefix="tsa-"))
+    workdir = tmp_path / "work"
+    socket_path = sock_dir / "agent.sock"
+    argv = [sys.executable, str(AGENT), "--socket", str(socket_path), "--workdir", str(workdir)]
+    env = {**os.environ, "TEMPER_AGENT_TEST_SECRET": "must-not-leak"}
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*argv, *extra], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+        )
+    try:
+        deadline = time.monotonic() + 10.0
+        while not socket_path.exists():  # the agent renames it into place once listening
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "the agent did not start"
+            time.sleep(0.005)
+        yield RunningAgent(proc, socket_path, workdir)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0, log_path.read_text()
+            assert not socket_path.exists(), "the agent removes its socket on SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    with start_agent(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(agent: RunningAgent) -> AsyncIterator[AgentClient]:
+    c = await AgentClient.connect(agent.socket, timeout_s=10.0)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def run(client: AgentClient, **fields: Any) -> ExecReply:
+    fields.setdefault("id", "t")
+    fields.setdefault("timeout_s", 10.0)
+    return await client.exec(ExecRequest(**fields), timeout_s=WATCHDOG_S)
+
+
+async def raw_exchange(path: Path, frames: list[bytes]) -> list[dict[str, Any] | None]:
+    """Send raw frames on one connection; each reply, or None once the agent closed it."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    replies: list[dict[str, Any] | None] = []
+    try:
+        for frame in frames:
+            try:
+                writer.write(frame)
+                await writer.drain()
+                (length,) = struct.unpack(">I", await reader.readexactly(4))
+                replies.append(json.loads(await reader.readexactly(length)))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                replies.append(None)
+                break
+        return replies
+    finally:
+        writer.close()
+
+
+def frame(obj: Any) -> bytes:
+    body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_dead(pid: int, within_s: float = 5.0) -> bool:
+    end = time.monotonic() + within_s
+    while alive(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def peak_rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+
+
+def children_of(pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of every process whose parent is pid."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            found.append((int(name), fields[0]))
+    return found
+
+
+# --------------------------------------------------------------------------- basics
+
+
+async def test_ping(client: AgentClient, agent: RunningAgent) -> None:
+    reply = await client.ping()
+    assert reply["ok"] is True
+    assert reply["pid"] == agent.proc.pid
+    assert reply["version"] == 1
+    assert {"python", "bash", "sh"} <= set(reply["languages"])
+
+
+async def test_python_hello(client: AgentClient) -> None:
+    reply = await run(client, code="print('hello from python')")
+    assert reply.status is SandboxStatus.OK
+    assert (reply.exit_code, reply.signal) == (0, None)
+    assert reply.stdout == b"hello from python\n"
+    assert reply.stderr == b""
+    assert not reply.stdout_truncated and not reply.stderr_truncated
+    assert reply.id == "t" and reply.error is None and 0 < reply.duration_s < 5
+
+
+async def test_bash_hello(client: AgentClient) -> None:
+    reply = await run(client, language="bash", code='echo "hello from $0" | tr a-z A-Z; echo e >&2')
+    assert reply.status is SandboxStatus.OK
+    assert reply.stdout.startswith(b"HELLO FROM ")
+    assert reply.stderr == b"e\n"
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "exit_code"),
+    [
+        ("python", "import sys; sys.exit(3)", 3),
+        ("python", "raise SystemExit(3)", 3),
+        ("python", "raise SystemExit(300)", 300 & 0xFF),
+        ("python", "import sys; sys.exit()", 0),
+        ("bash", "exit 7", 7),
+        ("sh", "false", 1),
+    ],
+)
+async def test_exit_codes(client: AgentClient, language: str, code: str, exit_code: int) -> None:
+    reply = await run(client, language=language, code=code)
+    assert reply.exit_code == exit_code
+    assert reply.status is (SandboxStatus.OK if exit_code == 0 else SandboxStatus.NONZERO_EXIT)
+
+
+async def test_system_exit_message(client: AgentClient) -> None:
+    reply = await run(client, code="import sys; sys.exit('giving up')")
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 1)
+    assert reply.stderr == b"giving up\n"
+
+
+async def test_exception_gives_exit_1_and_traceback(client: AgentClient) -> None:
+    reply = await run(
+        client, code="print('before', flush=True)\ndef f():\n    raise ValueError('boom')\nf()"
+    )
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 1)
+    assert reply.stdout == b"before\n"
+    stderr = reply.stderr.decode()
+    assert stderr.startswith("Traceback (most recent call last):\n")
+    assert 'File "<sandbox>", line 4, in <module>' in stderr
+    assert stderr.endswith("ValueError: boom\n")
+    assert "agent.py" not in stderr, "the agent's own frames are hidden"
+
+
+async def test_syntax_error(client: AgentClient) -> None:
+    reply = await run(client, code="def (:\n")
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 1)
+    assert b"SyntaxError" in reply.stderr
+
+
+async def test_python_behaves_like_a_script(client: AgentClient) -> None:
+    code = (
+        "import atexit, sys, threading, time\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.05), print('thread done'))).start()\n"
+        "print(__name__, sys.argv, repr(sys.path[0]))\n"
+        "import __main__; print(__main__.__dict__ is globals())\n"
+    )
+    reply = await run(client, code=code)
+    assert reply.status is SandboxStatus.OK, reply.stderr
+    assert reply.stdout == b"__main__ ['-c'] ''\nTrue\nthread done\natexit ran\n"
+
+
+async def test_signal_killed(client: AgentClient) -> None:
+    reply = await run(client, code="import os; os.kill(os.getpid(), 9)")
+    assert reply.status is SandboxStatus.KILLED
+    assert (reply.exit_code, reply.signal) == (None, 9)
+
+
+async def test_stdin(client: AgentClient) -> None:
+    reply = await run(client, code="import sys; print(sys.stdin.read().upper())", stdin=b"abc")
+    assert reply.stdout == b"ABC\n"
+    reply = await run(client, language="bash", code="read a b; echo $b $a", stdin=b"one two\n")
+    assert reply.stdout == b"two one\n"
+
+
+async def test_large_stdin_round_trip(client: AgentClient) -> None:
+    data = os.urandom(3 * MIB)
+    reply = await run(client, argv=["cat"], stdin=data, output_bytes=4 * MIB)
+    assert reply.status is SandboxStatus.OK
+    assert reply.stdout == data
+
+
+async def test_unread_stdin_does_not_block(client: AgentClient) -> None:
+    reply = await run(client, code="print('ignored stdin')", stdin=b"x" * (2 * MIB))
+    assert reply.status is SandboxStatus.OK
+    assert reply.stdout == b"ignored stdin\n"
+
+
+async def test_files_written_and_visible(client: AgentClient, agent: RunningAgent) -> None:
+    files = {"data/in.txt": b"hello file", "top.bin": b"\x00\xff", ".hidden": b"dot"}
+    code = "print(open('data/in.txt').read(), len(open('top.bin','rb').read()))"
+    reply = await run(client, code=code, files=files)
+    assert reply.stdout == b"hello file 2\n"
+    assert (agent.workdir / "data" / "in.txt").read_bytes() == b"hello file"
+    reply = await run(client, language="bash", code="cat data/in.txt; echo; ls -A | sort")
+    assert reply.stdout.startswith(b"hello file\n")
+    # .temper/ holds the bash code file while it runs, and is removed afterwards.
+    assert reply.stdout.decode().split()[2:] == [".hidden", ".temper", "data", "top.bin"]
+    reply = await run(client, argv=["ls", "-A"])
+    assert reply.stdout.split() == [b".hidden", b"data", b"top.bin"]
+
+
+async def test_cwd_home_and_clean_environment(client: AgentClient, agent: RunningAgent) -> None:
+    code = "import json, os; print(json.dumps({'cwd': os.getcwd(), 'env': dict(os.environ)}))"
+    reply = await run(client, code=code, env={"MY_VAR": "42"})
+    seen = json.loads(reply.stdout)
+    assert seen["cwd"] == str(agent.workdir)
+    env = seen["env"]
+    assert env["HOME"] == str(agent.workdir) and env["LANG"] == "C.UTF-8"
+    assert env["MY_VAR"] == "42" and "PATH" in env
+    assert "TEMPER_AGENT_TEST_SECRET" not in env
+    reply = await run(client, language="bash", code="echo $MY_VAR $HOME", env={"MY_VAR": "7"})
+    assert reply.stdout == f"7 {agent.workdir}\n".encode()
+
+
+async def test_rlimits(client: AgentClient) -> None:
+    code = (
+        "import resource as r\n"
+        "print(r.getrlimit(r.RLIMIT_NOFILE), r.getrlimit(r.RLIMIT_CORE), r.getrlimit(r.RLIMIT_AS))"
+    )
+    reply = await run(client, code=code)
+    assert reply.stdout.startswith(b"(256, 256) (0, 0)")
+    limits = ExecLimits(nofile=64, memory_bytes=512 * MIB)
+    reply = await run(client, code=code, limits=limits)
+    assert reply.stdout == f"(64, 64) (0, 0) ({512 * MIB}, {512 * MIB})\n".encode()
+    reply = await run(client, code="x = bytearray(1024 * 1024 * 1024)", limits=limits)
+    assert reply.status is SandboxStatus.NONZERO_EXIT and b"MemoryError" in reply.stderr
+
+
+async def test_argv_requests(client: AgentClient) -> None:
+    reply = await run(client, argv=["echo", "a b", "$HOME"])
+    assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"a b $HOME\n")
+    reply = await run(client, argv=["sh", "-c", "exit 4"])
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 4)
+    reply = await run(client, argv=["no-such-binary-here"])
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 127)
+    assert b"cannot execute" in reply.stderr
+
+
+# --------------------------------------------------------------------------- limits and kills
+
+
+async def test_timeout_kills_loop(client: AgentClient) -> None:
+    started = time.monotonic()
+    reply = await run(client, code="while True: pass", timeout_s=0.5)
+    assert reply.status is SandboxStatus.TIMEOUT
+    assert (reply.exit_code, reply.signal) == (None, signal.SIGKILL)
+    assert 0.5 <= reply.duration_s < 2.0
+    assert time.monotonic() - started < 3.0
+
+
+async def test_timeout_kills_sleeping_grandchild(client: AgentClient, agent: RunningAgent) -> None:
+    code = (
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '300'])\n"
+        "open('grandchild.pid', 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n"
+    )
+    started = time.monotonic()
+    reply = await run(client, code=code, timeout_s=0.5)
+    assert reply.status is SandboxStatus.TIMEOUT
+    assert time.monotonic() - started < 3.0
+    grandchild = int((agent.workdir / "grandchild.pid").read_text())
+    assert wait_dead(grandchild), "the grandchild sleeping in the group is killed too"
+
+
+async def test_bash_timeout_with_grandchild(client: AgentClient) -> None:
+    started = time.monotonic()
+    reply = await run(client, language="bash", code="sleep 300 & sleep 300; wait", timeout_s=0.3)
+    assert reply.status is SandboxStatus.TIMEOUT
+    assert time.monotonic() - started < 3.0
+
+
+async def test_output_flood_is_cut(client: AgentClient, agent: RunningAgent) -> None:
+    code = (
+        "import sys\nchunk = b'x' * (1024 * 1024)\n"
+        "for _ in range(200):\n    sys.stdout.buffer.write(chunk)\n"
+    )
+    started = time.monotonic()
+    reply = await run(client, code=code, output_bytes=MIB, timeout_s=60.0)
+    assert time.monotonic() - started < 5.0
+    assert reply.status is SandboxStatus.OUTPUT_LIMIT
+    assert reply.stdout_truncated and not reply.stderr_truncated
+    assert len(reply.stdout) == MIB and set(reply.stdout) == {ord("x")}
+    assert reply.signal == signal.SIGKILL
+    peak_kb = peak_rss_kb(agent.proc.pid)
+    assert peak_kb < 128 * 1024, f"agent peak RSS {peak_kb} kB after a 200 MB flood"
+
+
+async def test_stderr_flood_from_bash(client: AgentClient) -> None:
+    reply = await run(client, language="bash", code="yes >&2", output_bytes=100_000)
+    assert reply.status is SandboxStatus.OUTPUT_LIMIT
+    assert reply.stderr_truncated and len(reply.stderr) == 100_000
+
+
+async def test_output_exactly_at_cap_is_not_truncated(client: AgentClient) -> None:
+    reply = await run(client, code="print('x' * 99)", output_bytes=100)
+    assert reply.status is SandboxStatus.OK
+    assert len(reply.stdout) == 100 and not reply.stdout_truncated
+
+
+async def test_background_child_keeping_stdout_does_not_hang(client: AgentClient) -> None:
+    started = time.monotonic()
+    reply = await run(client, language="bash", code="sleep 30 & echo done", timeout_s=20.0)
+    assert time.monotonic() - started < 2.0
+    assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"done\n")
+    code = "import subprocess; subprocess.Popen(['sleep', '30']); print('parent exits')"
+    reply = await run(client, code=code, timeout_s=20.0)
+    assert time.monotonic() - started < 4.0
+    assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"parent exits\n")
+
+
+async def test_child_cannot_see_agent_fds(client: AgentClient) -> None:
+    code = (
+        "import os\nopen_fds = []\nfor fd in range(4096):\n"
+        "    try:\n        os.fstat(fd)\n    except OSError:\n        continue\n"
+        "    open_fds.append(fd)\nprint(open_fds)\n"
+    )
+    reply = await run(client, code=code)
+    assert reply.stdout == b"[0, 1, 2]\n"
+    reply = await run(client, language="bash", code="ls /proc/self/fd | sort -n | tr '\\n' ' '")
+    assert reply.stdout == b"0 1 2 3 ", "only stdio (and ls's own directory fd)"
+    reply = await run(client, argv=["sh", "-c", "ls -l /proc/$$/fd"])
+    assert b"socket:" not in reply.stdout
+
+
+async def test_cancel_on_disconnect(agent: RunningAgent) -> None:
+    client = await AgentClient.connect(agent.socket, timeout_s=10.0)
+    request = ExecRequest(
+        id="c", code="import os, time\nopen('me.pid','w').write(str(os.getpid()))\ntime.sleep(60)"
+    )
+    with pytest.raises(AgentTimeout) as caught:
+        await client.exec(request, timeout_s=0.5)
+    assert caught.value.op == "exec" and client.closed
+    with pytest.raises(AgentUnavailable):
+        await client.ping()
+    started = time.monotonic()
+    async with await AgentClient.connect(agent.socket, timeout_s=10.0) as fresh:
+        assert (await fresh.ping())["ok"]
+    assert time.monotonic() - started < 2.0, "closing the connection cancelled the exec"
+    assert wait_dead(int((agent.workdir / "me.pid").read_text()))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+async def test_bad_frames_keep_the_agent_serving(agent: RunningAgent) -> None:
+    replies = await raw_exchange(
+        agent.socket,
+        [
+            frame(b"{not json"),
+            frame(b"\xff\xfe"),
+            frame([1, 2, 3]),
+            frame({"op": "fly"}),
+            frame({"no": "op"}),
+            frame(b""),
+            frame({"op": "ping"}),
+        ],
+    )
+    assert all(r is not None and r["ok"] is False and r["error"] for r in replies[:-1]), replies
+    assert replies[-1] is not None and replies[-1]["ok"] is True
+    replies = await raw_exchange(agent.socket, [struct.pack(">I", 2**31), frame({"op": "ping"})])
+    assert replies[0] is not None and "cap" in replies[0]["error"]
+    assert replies[1:] == [None], "an oversized frame closes that connection"
+    async with await AgentClient.connect(agent.socket, timeout_s=5.0) as c:
+        assert (await c.ping())["ok"]
+
+
+BASE_EXEC = {"op": "exec", "id": "b", "language": "python", "code": "print(1)"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"files": {"/etc/passwd": "eA=="}},
+        {"files": {"../escape.txt": "eA=="}},
+        {"files": {"a/../../escape.txt": "eA=="}},
+        {"files": {"": "eA=="}},
+        {"files": {"ok.txt": "not base64!"}},
+        {"language": "cobol"},
+        {"argv": ["echo", "both"]},
+        {"code": None},
+        {"code": None, "argv": []},
+        {"id": 5},
+        {"timeout_s": -1},
+        {"timeout_s": "soon"},
+        {"output_bytes": 0},
+        {"output_bytes": 1 << 30},
+        {"env": {"A=B": "x"}},
+        {"env": {"A": 1}},
+        {"stdin_b64": "%%%"},
+        {"limits": {"nofile": -1}},
+    ],
+    ids=lambda change: json.dumps(change),
+)
+async def test_bad_requests_are_rejected(
+    agent: RunningAgent, change: dict[str, Any], tmp_path: Path
+) -> None:
+    replies = await raw_exchange(
+        agent.socket, [frame({**BASE_EXEC, **change}), frame({"op": "ping"})]
+    )
+    assert replies[0] is not None and replies[0]["ok"] is False, replies
+    assert replies[1] is not None and replies[1]["ok"] is True
+    assert not (tmp_path / "escape.txt").exists()
+
+
+async def test_rejection_through_the_client(client: AgentClient) -> None:
+    with pytest.raises(AgentRejected) as caught:
+        await run(client, code="1", language="cobol")
+    assert caught.value.op == "exec" and "cobol" in caught.value.error
+    assert not client.closed
+    assert (await run(client, code="print(2)")).stdout == b"2\n"
+    with pytest.raises(ValueError, match="exactly one"):
+        ExecRequest(id="x", code="1", argv=["true"])
+
+
+async def test_files_never_follow_symlinks(client: AgentClient, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    reply = await run(client, argv=["ln", "-s", str(outside), "link"])
+    assert reply.status is SandboxStatus.OK
+    with pytest.raises(AgentRejected):
+        await run(client, code="1", files={"link/x.txt": b"escaped"})
+    reply = await run(client, argv=["ln", "-s", str(outside / "f.txt"), "f.txt"])
+    with pytest.raises(AgentRejected):
+        await run(client, code="1", files={"f.txt": b"escaped"})
+    assert list(outside.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- reset, reaping
+
+
+async def test_reset_empties_workdir(client: AgentClient, agent: RunningAgent) -> None:
+    code = (
+        "mkdir -p a/b/c .dotdir && touch .dotfile a/b/c/f top && ln -s /etc link\n"
+        "mkdir locked && touch locked/x && chmod 000 locked\n"
+    )
+    reply = await run(client, language="bash", code=code)
+    assert reply.status is SandboxStatus.OK, reply.stderr
+    assert len(list(agent.workdir.iterdir())) == 6
+    assert await client.reset(timeout_s=10.0) == 0
+    assert agent.workdir.is_dir() and list(agent.workdir.iterdir()) == []
+    assert (await run(client, code="print('after reset')")).stdout == b"after reset\n"
+
+
+async def test_no_zombies_after_many_execs(client: AgentClient, agent: RunningAgent) -> None:
+    for i in range(300):
+        reply = await run(client, id=f"z{i}", code="print(1)")
+        assert reply.status is SandboxStatus.OK
+    await run(client, language="bash", code="sleep 0.01 & true")
+    assert children_of(agent.proc.pid) == []
+
+
+async def test_agent_death_is_unavailable(agent: RunningAgent) -> None:
+    client = await AgentClient.connect(agent.socket, timeout_s=10.0)
+    code = "import os, time\nopen('me.pid','w').write(str(os.getpid()))\ntime.sleep(30)"
+    task = asyncio.create_task(client.exec(ExecRequest(id="d", code=code), timeout_s=20))
+    pid_file = agent.workdir / "me.pid"
+    for _ in range(500):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        await asyncio.sleep(0.01)
+    agent.proc.kill()
+    agent.proc.wait(timeout=5)
+    with pytest.raises(AgentUnavailable):
+        await task
+    assert wait_dead(int(pid_file.read_text())), "the running exec dies with its agent"
+    with pytest.raises(AgentUnavailable):
+        await AgentClient.connect(agent.socket, timeout_s=0.2)
+
+
+async def test_connect_waits_for_the_socket(tmp_path: Path) -> None:
+    with pytest.raises(AgentUnavailable, match="no agent within"):
+        await AgentClient.connect(tmp_path / "missing.sock", timeout_s=0.1)
+
+
+# --------------------------------------------------------------------------- options, lifecycle
+
+
+async def test_language_table_override(tmp_path: Path) -> None:
+    table = json.dumps({"py-spawn": ["python3", "-I", "{file}"], "sh": None})
+    with start_agent(tmp_path, "--languages", table) as running:
+        async with await AgentClient.connect(running.socket, timeout_s=10.0) as c:
+            assert set((await c.ping())["languages"]) == {"bash", "python", "py-spawn"}
+            reply = await run(c, language="py-spawn", code="import os; print(os.getppid() > 1)")
+            assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"True\n")
+            with pytest.raises(AgentRejected, match="unknown language"):
+                await run(c, language="sh", code="true")
+
+
+def test_container_mode_refused_outside_a_pid_namespace(tmp_path: Path) -> None:
+    def agent_exits(socket_path: Path, workdir: Path, *extra: str) -> tuple[int, str]:
+        argv = [str(AGENT), "--socket", str(socket_path), "--workdir", str(workdir), *extra]
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=30)
+        return done.returncode, done.stderr
+
+    code, stderr = agent_exits(tmp_path / "s", tmp_path / "w", "--container")
+    assert code == 2 and "refusing --container" in stderr
+    code, stderr = agent_exits(tmp_path / "w" / "s", tmp_path / "w")
+    assert code == 2 and "inside the workdir" in stderr
+
+
+async def test_sigterm_during_an_exec_kills_it(tmp_path: Path) -> None:
+    with start_agent(tmp_path) as running:
+        client = await AgentClient.connect(running.socket, timeout_s=10.0)
+        code = "import os, time\nopen('me.pid','w').write(str(os.getpid()))\ntime.sleep(60)"
+        task = asyncio.create_task(client.exec(ExecRequest(id="s", code=code), timeout_s=20))
+        pid_file = running.workdir / "me.pid"
+        for _ in range(500):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            await asyncio.sleep(0.01)
+        running.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(running.proc.wait, 10) == 0
+        with pytest.raises(AgentUnavailable):
+            await task
+        assert wait_dead(int(pid_file.read_text()))
+        assert not running.socket.exists()
+
+
+async def test_planted_fifo_is_refused_without_blocking(client: AgentClient) -> None:
+    assert (await run(client, argv=["mkfifo", "pipe"])).status is SandboxStatus.OK
+    with pytest.raises(AgentRejected, match="not a regular file"):
+        await run(client, code="1", files={"pipe": b"would block"})
+    assert (await client.ping())["ok"]
+
+
+async def test_reset_recreates_a_removed_workdir(client: AgentClient, agent: RunningAgent) -> None:
+    reply = await run(client, code="import os, shutil; shutil.rmtree(os.getcwd())")
+    assert reply.status is SandboxStatus.OK
+    reply = await run(client, code="print(1)")
+    assert reply.status is SandboxStatus.INFRA_ERROR and "child setup failed" in (reply.error or "")
+    assert await client.reset(timeout_s=10.0) == 0
+    assert (await run(client, code="print('back')")).stdout == b"back\n"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        frame(b"not json"),
+        frame([1]),
+        struct.pack(">I", 2**31),
+        frame({"id": "other", "status": "ok"}),
+        frame({"id": "p", "status": "weird"}),
+        b"\x00\x00",  # then EOF inside the header
+    ],
+    ids=["not-json", "not-object", "oversized", "missing-fields", "bad-status", "truncated"],
+)
+async def test_client_refuses_a_misbehaving_agent(reply: bytes) -> None:
+    sock_dir = Path(tempfile.mkdtemp(prefix="tsf-"))
+
+    async def fake_agent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        (length,) = struct.unpack(">I", await reader.readexactly(4))
+        await reader.readexactly(length)
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(fake_agent, path=str(sock_dir / "fake.sock"))
+    try:
+        async with server, await AgentClient.connect(sock_dir / "fake.sock", 5.0) as client:
+            with pytest.raises(AgentUnavailable):  # AgentProtocolError is a subclass
+                await client.exec(ExecRequest(id="p", code="1"), timeout_s=5.0)
+            assert client.closed
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
