@@ -63,6 +63,15 @@ sends a request.
       interpreter missing, workdir unwritable...; ``error`` says why).
       ``exit_code``/``signal`` always report the main process's wait status.
 
+    {"op": "archive"} -> {"ok": true, "data_b64": str, "size": N}
+      The workdir as a gzip tar (regular files and directories only; links, devices
+      and FIFOs are left out; at most MAX_ARCHIVE_BYTES): a session snapshot.
+
+    {"op": "extract", "data_b64": str} -> {"ok": true, "files": N}
+      Empty the workdir, then unpack an archive made by ``archive`` into it; members
+      that are not regular files or directories, or whose path leaves the workdir,
+      make the request fail (``ok: false``) before anything is written.
+
     {"op": "reset"} -> {"ok": true, "killed": N}
       Kills every process the executions left behind and empties the workdir (files,
       directories, dotfiles; not the workdir itself).  With ``--container``: every
@@ -125,6 +134,7 @@ import socket
 import stat
 import struct
 import sys
+import tarfile
 import time
 import traceback
 import types
@@ -150,6 +160,8 @@ READ_CHUNK = 65536
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PYTHON_FORK = "python-fork"
 CODE_DIR = ".temper"
+#: A snapshot must fit in one frame once base64-encoded.
+MAX_ARCHIVE_BYTES = 40 * 1024 * 1024
 DEFAULT_LANGUAGES: dict[str, Any] = {
     "python": PYTHON_FORK,
     "bash": {"argv": ["bash", "{file}"], "suffix": ".sh"},
@@ -480,6 +492,54 @@ def empty_dir(path: str) -> None:
             remove_tree(entry.path)
         else:
             os.unlink(entry.path)
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Keep regular files and directories only, owned by nobody in particular."""
+    if not (info.isfile() or info.isdir()):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode &= 0o755
+    return info
+
+
+def archive_workdir(workdir: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in sorted(os.listdir(workdir)):
+            if name != CODE_DIR:
+                tar.add(os.path.join(workdir, name), arcname=name, filter=_plain)
+    if buffer.tell() > MAX_ARCHIVE_BYTES:
+        raise BadRequest(f"archive: {buffer.tell()} bytes, over {MAX_ARCHIVE_BYTES}")
+    return buffer.getvalue()
+
+
+def extract_workdir(workdir: str, data: bytes) -> int:
+    """Replace the workdir's content with an archive's; everything is checked first."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = [(m, check_relpath(m.name)) for m in tar.getmembers()]
+            for member, rel in members:
+                if not (member.isfile() or member.isdir()):
+                    raise BadRequest(f"extract: {rel!r} is not a regular file or directory")
+            files = {rel: _member_bytes(tar, m) for m, rel in members if m.isfile()}
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise BadRequest(f"extract: not a snapshot archive ({exc})") from None
+    empty_dir(workdir)
+    for member, rel in members:
+        if member.isdir():
+            _make_parents(workdir, os.path.join(rel, "x"))
+    write_files(workdir, files)
+    return len(files)
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    handle = tar.extractfile(member)
+    return handle.read() if handle is not None else b""
 
 
 # --------------------------------------------------------------------------- processes
@@ -1134,6 +1194,12 @@ class Agent:
             return self.exec(conn, parse_exec(req, self.opts))
         if op == "reset":
             return self.reset()
+        if op == "archive":
+            data = archive_workdir(self.opts.workdir)
+            return {"ok": True, "data_b64": base64.b64encode(data).decode(), "size": len(data)}
+        if op == "extract":
+            count = extract_workdir(self.opts.workdir, _b64(req.get("data_b64"), "data_b64"))
+            return {"ok": True, "files": count}
         raise BadRequest(f"unknown op {op!r}")
 
     def ping(self) -> dict[str, Any]:

@@ -242,6 +242,25 @@ class AgentClient:
             raise AgentProtocolError(self.path, f"malformed reset reply: {reply!r}")
         return killed
 
+    async def archive(self, timeout_s: float) -> bytes:
+        """The workdir as a gzip tar (a session snapshot)."""
+        reply = await self._request("archive", {"op": "archive"}, timeout_s)
+        data = reply.get("data_b64")
+        if not isinstance(data, str):
+            self._abort()
+            raise AgentProtocolError(self.path, "malformed archive reply")
+        return base64.b64decode(data)
+
+    async def extract(self, data: bytes, timeout_s: float) -> int:
+        """Replace the workdir's content with an archive's; the number of files written."""
+        payload = {"op": "extract", "data_b64": base64.b64encode(data).decode()}
+        reply = await self._request("extract", payload, timeout_s)
+        files = reply.get("files")
+        if not isinstance(files, int):
+            self._abort()
+            raise AgentProtocolError(self.path, "malformed extract reply")
+        return files
+
     async def close(self) -> None:
         """Close the connection; safe to call twice."""
         if self._closed:

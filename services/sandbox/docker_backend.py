@@ -229,6 +229,13 @@ def _give_to_user(path: Path, user: str) -> None:
     path.chmod(0o700)
 
 
+def _tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-500:]
+    except OSError:
+        return ""
+
+
 #: AF_UNIX socket paths are limited to 107 bytes on Linux.
 MAX_SOCKET_PATH = 107
 
@@ -236,7 +243,8 @@ MAX_SOCKET_PATH = 107
 def check_socket_path(path: Path) -> Path:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise SandboxUnavailable(
-            f"agent socket path {str(path)!r} is over {MAX_SOCKET_PATH} bytes: use a shorter state_dir"
+            f"agent socket path {str(path)!r} is over {MAX_SOCKET_PATH} bytes: "
+            "use a shorter state_dir"
         )
     return path
 
@@ -253,7 +261,7 @@ async def wait_for_agent(
                 await agent.ping()
                 return agent
         if time.monotonic() > deadline:
-            said = log.read_text(errors="replace")[-500:] if log and log.exists() else ""
+            said = _tail(log) if log else ""
             detail = f"; it said: {said}" if said else ""
             raise SandboxUnavailable(f"sandbox agent did not come up within {timeout_s}s{detail}")
         await asyncio.sleep(0.01)

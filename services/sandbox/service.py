@@ -28,16 +28,18 @@ from protocol.messages import (
     SandboxOpen,
     SandboxResult,
     SandboxSession,
+    SandboxSnapshot,
     SandboxSnapshotRequest,
     SandboxStatus,
 )
 from services.runtime.errors import RequestRejected
 from services.runtime.responder import Request
 from services.runtime.service import Service
-from services.sandbox.agent_client import ExecRequest
+from services.sandbox.agent_client import AgentError, ExecRequest
 from services.sandbox.backend import Backend, Box, Outcome, SandboxUnavailable
 from services.sandbox.limits import resolve
 from services.sandbox.settings import Limits, SandboxSettings
+from services.sandbox.snapshots import SnapshotStore
 
 
 @dataclass(eq=False)
@@ -85,6 +87,7 @@ class SandboxService(Service):
         self._backend = backend
         self.subject = subjects.sandbox_instance(re.sub(r"[^A-Za-z0-9_-]", "-", self.instance))
         self._sessions: dict[str, Session] = {}
+        self.snapshots = SnapshotStore(settings.snapshot_dir)
         self._releases: asyncio.Queue[Box] = asyncio.Queue(
             maxsize=max(64, settings.max_in_flight * 2)
         )
@@ -216,10 +219,7 @@ class SandboxService(Service):
                 ErrorCode.UNAVAILABLE,
                 f"this instance holds {len(self._sessions)} sessions (the maximum)",
             )
-        if request.snapshot is not None:
-            raise RequestRejected(
-                ErrorCode.BAD_REQUEST, "snapshots are not available yet", field="$.snapshot"
-            )
+        archive = await self.snapshots.load(request.snapshot) if request.snapshot else None
         limits = resolve(request.limits, self.settings.defaults, self.settings.maxima)
         for path in request.files:
             _check_path(path)
@@ -230,9 +230,17 @@ class SandboxService(Service):
         ttl = request.ttl_s or self.settings.session_ttl_s
         session = Session(uuid.uuid4().hex, box, limits, request.language, ttl, time.time() + ttl)
         self._sessions[session.id] = session
-        if request.files:
-            await self._write_files(session, request.files)
-        return self._describe(session, "open")
+        try:
+            if archive is not None:
+                await box.agent.extract(archive, timeout_s=limits.timeout_s)
+            if request.files:
+                await self._write_files(session, request.files)
+        except AgentError as error:
+            await self._end(session)
+            raise RequestRejected(
+                ErrorCode.UNAVAILABLE, f"cannot prepare the session: {error}"
+            ) from None
+        return self._describe(session, "open", request.snapshot)
 
     async def _write_files(self, session: Session, files: dict[str, bytes]) -> None:
         setup = ExecRequest(
@@ -256,10 +264,16 @@ class SandboxService(Service):
             await self._end(session)
             return self._describe(session, "closed")
         assert isinstance(request, SandboxSnapshotRequest)
-        self._session(request.session)
-        raise RequestRejected(
-            ErrorCode.BAD_REQUEST, "snapshots are not available yet", field="$.session"
-        )
+        return await self._snapshot(self._session(request.session))
+
+    async def _snapshot(self, session: Session) -> SandboxSnapshot:
+        async with session.lock:
+            session.renew()
+            try:
+                data = await session.box.agent.archive(timeout_s=session.limits.timeout_s)
+            except AgentError as error:
+                raise RequestRejected(ErrorCode.UNAVAILABLE, f"cannot archive: {error}") from None
+        return await self.snapshots.save(session.id, data)
 
     async def _session_exec(self, request: SandboxExec) -> Message:
         session = self._session(request.session or "")
@@ -281,12 +295,15 @@ class SandboxService(Service):
             )
         return session
 
-    def _describe(self, session: Session, state: str) -> SandboxSession:
+    def _describe(
+        self, session: Session, state: str, snapshot: str | None = None
+    ) -> SandboxSession:
         return SandboxSession(
             session=session.id,
             subject=self.subject,
             state=state,  # type: ignore[arg-type]
             expires_at=session.expires_at,
+            snapshot=snapshot,
         )
 
     async def _end(self, session: Session) -> None:

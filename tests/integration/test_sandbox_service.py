@@ -27,6 +27,8 @@ from protocol.messages import (
     SandboxOpen,
     SandboxResult,
     SandboxSession,
+    SandboxSnapshot,
+    SandboxSnapshotRequest,
     SandboxStatus,
 )
 from services.runtime.settings import RuntimeSettings
@@ -35,8 +37,8 @@ from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings
 from tests.integration.support import client
 
-REPLIES: Codec[SandboxResult | SandboxSession | ErrorReply] = Codec(
-    SandboxResult | SandboxSession | ErrorReply
+REPLIES: Codec[SandboxResult | SandboxSession | SandboxSnapshot | ErrorReply] = Codec(
+    SandboxResult | SandboxSession | SandboxSnapshot | ErrorReply
 )
 
 
@@ -250,3 +252,27 @@ def _dead_pid() -> int:
 
 def _me() -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
+
+
+async def test_a_snapshot_restores_a_session_elsewhere(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    _, nc = docker_sandbox
+    opened = await ask(nc, SandboxOpen(id="o"), subjects.sandbox_session())
+    assert isinstance(opened, SandboxSession)
+    step = "open('progress.txt', 'a').write('step\\n')"
+    await ask(nc, SandboxExec(id="1", session=opened.session, code=step), opened.subject)
+    snap = await ask(nc, SandboxSnapshotRequest(session=opened.session), opened.subject)
+    assert isinstance(snap, SandboxSnapshot) and snap.digest.startswith("sha256:")
+    await ask(nc, SandboxExec(id="2", session=opened.session, code="1/0"), opened.subject)
+    await ask(nc, SandboxClose(session=opened.session), opened.subject)
+
+    resumed = await ask(nc, SandboxOpen(id="r", snapshot=snap.snapshot), subjects.sandbox_session())
+    assert isinstance(resumed, SandboxSession) and resumed.snapshot == snap.snapshot
+    assert resumed.session != opened.session
+    read = "print(open('progress.txt').read(), end='')"
+    result = await ask(nc, SandboxExec(id="3", session=resumed.session, code=read), resumed.subject)
+    assert isinstance(result, SandboxResult) and result.stdout == "step\n"
+
+    missing = await ask(nc, SandboxOpen(id="m", snapshot="f" * 32), subjects.sandbox_session())
+    assert isinstance(missing, ErrorReply) and missing.field == "$.snapshot"

@@ -1,0 +1,65 @@
+"""Snapshots of session work directories, stored as files on a (shared) volume.
+
+A multi-step task that fails can be retried or resumed from its last good state:
+SandboxOpen with ``snapshot`` restores the archive into a fresh sandbox, on any
+instance that sees the same directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+from protocol.errors import ErrorCode
+from protocol.messages import SandboxSnapshot
+from services.runtime.errors import RequestRejected
+
+_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class SnapshotStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    async def save(self, session: str, data: bytes) -> SandboxSnapshot:
+        snapshot = uuid.uuid4().hex
+        await asyncio.to_thread(self._write, self._path(snapshot), data)
+        return SandboxSnapshot(
+            snapshot=snapshot,
+            session=session,
+            size=len(data),
+            digest="sha256:" + hashlib.sha256(data).hexdigest(),
+            created_at=time.time(),
+        )
+
+    async def load(self, snapshot: str) -> bytes:
+        if not _ID.match(snapshot):
+            raise _unknown(snapshot)
+        try:
+            return await asyncio.to_thread(self._path(snapshot).read_bytes)
+        except FileNotFoundError:
+            raise _unknown(snapshot) from None
+
+    def _path(self, snapshot: str) -> Path:
+        return self.directory / f"{snapshot}.tar.gz"
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """Written whole or not at all: a crash never leaves half a snapshot under its name."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        with partial.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        partial.replace(path)
+
+
+def _unknown(snapshot: str) -> RequestRejected:
+    return RequestRejected(
+        ErrorCode.BAD_REQUEST, f"unknown snapshot {snapshot!r}", field="$.snapshot"
+    )

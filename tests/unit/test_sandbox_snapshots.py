@@ -1,0 +1,101 @@
+"""Snapshots at the agent level (archive / extract) and the snapshot store, no Docker."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ErrorCode
+from services.runtime.errors import RequestRejected
+from services.sandbox.agent_client import AgentClient, AgentRejected
+from services.sandbox.snapshots import SnapshotStore
+from tests.unit.test_sandbox_agent import RunningAgent, run, start_agent
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    with start_agent(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(agent: RunningAgent) -> AsyncIterator[AgentClient]:
+    connected = await AgentClient.connect(agent.socket, timeout_s=10.0)
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+async def test_archive_then_extract_restores_the_workdir(
+    client: AgentClient, agent: RunningAgent
+) -> None:
+    await run(
+        client,
+        code="import os; os.makedirs('d/e'); open('d/e/f.txt','w').write('deep'); "
+        "open('top.txt','w').write('top'); os.makedirs('empty')",
+    )
+    os.symlink("/etc/passwd", agent.workdir / "link")
+    data = await client.archive(timeout_s=5)
+    await client.reset(timeout_s=5)
+    assert os.listdir(agent.workdir) == []
+    (agent.workdir / "stale.txt").write_text("replaced")
+    assert await client.extract(data, timeout_s=5) == 2
+    assert sorted(os.listdir(agent.workdir)) == ["d", "empty", "top.txt"]  # no link, no stale file
+    assert (agent.workdir / "d" / "e" / "f.txt").read_text() == "deep"
+    reply = await run(client, code="print(open('top.txt').read())")
+    assert reply.stdout == b"top\n"
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for info, content in members:
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content) if info.isfile() else None)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        (tarfile.TarInfo("../escape.txt"), b"x"),
+        (tarfile.TarInfo("/etc/owned"), b"x"),
+    ],
+)
+async def test_extract_refuses_paths_leaving_the_workdir(
+    client: AgentClient, agent: RunningAgent, hostile: tuple[tarfile.TarInfo, bytes]
+) -> None:
+    (agent.workdir / "keep.txt").write_text("kept")
+    with pytest.raises(AgentRejected):
+        await client.extract(_tar((tarfile.TarInfo("ok.txt"), b"fine"), hostile), timeout_s=5)
+    assert sorted(os.listdir(agent.workdir)) == ["keep.txt"]  # nothing written, nothing wiped
+    assert not (agent.workdir.parent / "escape.txt").exists()
+
+
+async def test_extract_refuses_links_and_garbage(client: AgentClient) -> None:
+    link = tarfile.TarInfo("link")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    with pytest.raises(AgentRejected):
+        await client.extract(_tar((link, b"")), timeout_s=5)
+    with pytest.raises(AgentRejected):
+        await client.extract(b"not a tar at all", timeout_s=5)
+    assert (await run(client, code="print(1)")).stdout == b"1\n"  # still serving
+
+
+async def test_store_saves_whole_files_with_a_digest(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snaps")
+    saved = await store.save("sess-1", b"archive bytes")
+    assert saved.size == 13 and saved.digest.startswith("sha256:") and saved.session == "sess-1"
+    assert await store.load(saved.snapshot) == b"archive bytes"
+    assert [p.name for p in (tmp_path / "snaps").iterdir()] == [f"{saved.snapshot}.tar.gz"]
+    for bad in ("0" * 32, "../../etc/passwd", ""):
+        with pytest.raises(RequestRejected) as caught:
+            await store.load(bad)
+        assert (caught.value.code, caught.value.field) == (ErrorCode.BAD_REQUEST, "$.snapshot")
