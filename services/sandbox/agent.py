@@ -76,10 +76,12 @@ sends a request.
       Kills every process the executions left behind and empties the workdir (files,
       directories, dotfiles; not the workdir itself).  With ``--container``: every
       process but PID 1 and the agent (a /proc scan inside the container's PID
-      namespace).  Without: nothing outside the agent's own process groups is touched
-      (and each exec's group is already killed when the exec ends), so only the
-      workdir is emptied; a process that left its group with setsid() survives on
-      the host (the local backend's weak-isolation mode).
+      namespace); the container's other writable places (/tmp, /dev/shm,
+      /dev/mqueue) are emptied too and its SysV IPC objects removed, so nothing one
+      task leaves there reaches the next.  Without: nothing outside the agent's own
+      process groups is touched (and each exec's group is already killed when the
+      exec ends), so only the workdir is emptied; a process that left its group with
+      setsid() survives on the host (the local backend's weak-isolation mode).
 
     Bad requests (bad JSON, not an object, unknown op, invalid fields, an absolute or
     ``..`` file path, unknown language, both or neither of code/argv, a frame over the
@@ -96,6 +98,9 @@ environment (PATH, HOME=workdir, TMPDIR=workdir, LANG=C.UTF-8, then the request'
 stdin fed from the request, RLIMIT_CORE 0, RLIMIT_NOFILE and RLIMIT_FSIZE always,
 RLIMIT_AS and RLIMIT_NPROC when configured, no file descriptor but 0, 1, 2, and
 PR_SET_PDEATHSIG=SIGKILL (an agent that dies takes its running child with it).
+Code runs as the agent's uid, so the agent makes itself non-dumpable: code cannot
+ptrace it, nor read its memory, descriptors or environment through /proc (each child
+is dumpable again, as a normal process).
 Python code runs in a fork of the agent (interpreter already loaded; behaves as
 ``python3 -c``: __main__, atexit, non-daemon threads joined, traceback + exit 1 on an
 uncaught exception); the forked child keeps the agent's hash seed, so set iteration
@@ -170,6 +175,10 @@ DEFAULT_LANGUAGES: dict[str, Any] = {
 HEADER = struct.Struct(">I")
 PEERCRED = struct.Struct("3i")
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+IPC_RMID = 0
+#: Writable places of a sandbox container besides the workdir, emptied by reset.
+CONTAINER_SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 #: The exit status of a child whose setup failed (its reason goes up the status pipe).
 SETUP_FAILED = 126
 
@@ -483,8 +492,10 @@ def remove_tree(path: str) -> None:
     os.rmdir(path)
 
 
-def empty_dir(path: str) -> None:
-    os.chmod(path, 0o700)
+def empty_dir(path: str, chmod: bool = True) -> None:
+    """Remove what path holds; chmod=False for a directory we do not own (/dev/shm)."""
+    if chmod:
+        os.chmod(path, 0o700)
     with os.scandir(path) as entries:
         items = list(entries)
     for entry in items:
@@ -540,6 +551,32 @@ def extract_workdir(workdir: str, data: bytes) -> int:
 def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     handle = tar.extractfile(member)
     return handle.read() if handle is not None else b""
+
+
+def remove_sysv_ipc(libc: Any) -> None:
+    """Remove every SysV IPC object (the container's IPC namespace is its own)."""
+    if libc is None:
+        return
+    import ctypes
+
+    for kind, ctl in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", libc.semctl)):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                ids = [int(row.split()[1]) for row in f.read().splitlines()[1:] if row.strip()]
+        except OSError:
+            continue
+        for ident in ids:
+            args = (ident, 0, IPC_RMID) if kind == "sem" else (ident, IPC_RMID, None)
+            if ctl(*args) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.EIDRM):
+                raise OSError(ctypes.get_errno(), f"cannot remove SysV {kind} {ident}")
+
+
+def wipe_container_scratch(libc: Any) -> None:
+    """Empty the container's writable places besides the workdir; drop SysV IPC objects."""
+    for path in CONTAINER_SCRATCH:
+        if os.path.isdir(path):
+            empty_dir(path, chmod=False)
+    remove_sysv_ipc(libc)
 
 
 # --------------------------------------------------------------------------- processes
@@ -667,13 +704,13 @@ def _reset_signals(python: bool) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 
 
-def load_prctl() -> Callable[..., int] | None:
-    """libc's prctl through ctypes (standard library, but optional in minimal builds)."""
+def load_libc() -> Any:
+    """libc through ctypes (standard library, but optional in minimal builds); None without."""
     try:
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
         return None
 
 
@@ -688,6 +725,8 @@ def _die_with_agent(plan: ChildPlan) -> None:
 
 def _enter(plan: ChildPlan) -> None:
     _die_with_agent(plan)
+    if plan.prctl is not None:
+        plan.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the agent is not dumpable; code is, as usual
     os.chdir(plan.workdir)
     os.environ.clear()
     os.environ.update(plan.env)
@@ -1065,7 +1104,8 @@ class Agent:
         self.conns: set[socket.socket] = set()
         self.max_fd = max(os.sysconf("SC_OPEN_MAX"), 1024)
         self.code_counter = 0
-        self.prctl = load_prctl()
+        self.libc = load_libc()
+        self.prctl = getattr(self.libc, "prctl", None)
 
     # -- lifecycle
 
@@ -1114,7 +1154,7 @@ class Agent:
             self.listener = None
             try:
                 os.unlink(self.opts.socket_path)
-            except FileNotFoundError:
+            except OSError:  # gone, or its directory was taken back by the host
                 pass
         self.sel.close()
 
@@ -1214,8 +1254,10 @@ class Agent:
         try:
             os.makedirs(self.opts.workdir, mode=0o700, exist_ok=True)  # code may have removed it
             empty_dir(self.opts.workdir)
+            if self.opts.container:
+                wipe_container_scratch(self.libc)
         except (OSError, RecursionError) as exc:
-            return {"ok": False, "error": f"reset: cannot empty the workdir: {exc}"}
+            return {"ok": False, "error": f"reset: cannot clean up after the task: {exc}"}
         return {"ok": True, "killed": killed}
 
     def exec(self, conn: socket.socket, spec: ExecSpec) -> dict[str, Any]:
@@ -1349,6 +1391,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.clear()
     os.environ.update({"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
     agent = Agent(opts)
+    if agent.prctl is not None:
+        agent.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/<agent>/mem for code
     try:
         agent.listen()
         log(f"listening on {opts.socket_path} (workdir {opts.workdir}, v{VERSION})")

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiodocker
 import aiodocker.exceptions
+from aiodocker.containers import DockerContainer
 
 from protocol.messages import SandboxStatus
 from services.sandbox import cgroups
@@ -130,6 +131,8 @@ class DockerBackend(WarmPool):
             status = SandboxStatus.OOM
         if status in _SPOILING or after.pids_max_hits > before.pids_max_hits:
             box.spoiled = status.value
+        elif after.oom_kills > before.oom_kills:
+            box.spoiled = "oom in a child"  # the run survived it; the container is still replaced
         return Outcome(reply=reply, status=status, error=reply.error)
 
     async def _agent_lost(
@@ -157,16 +160,37 @@ class DockerBackend(WarmPool):
         socket_dir.mkdir(parents=True)
         _give_to_user(socket_dir, self.settings.user)
         config = self._config(limits, socket_dir)
-        container = await self.docker.containers.create(config, name=name)
+        container = await self._create_container(config, name)
         try:
             await container.start()
             agent = await wait_for_agent(socket_dir / SOCKET_NAME)
+            _take_back(socket_dir, self.settings.user)
         except BaseException:
             await self._remove(container.id, name)
             raise
         return Box(
             id=container.id, agent=agent, shape=container_shape(limits), extra={"name": name}
         )
+
+    async def _create_container(self, config: dict[str, Any], name: str) -> DockerContainer:
+        """Create a container; cancelled meanwhile (the service stopping), still remove it.
+
+        The engine goes on creating a container whose request was abandoned, so the
+        create is shielded and what it made is removed before the cancellation goes on.
+        """
+        creating = asyncio.ensure_future(self.docker.containers.create(config, name=name))
+        try:
+            return await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            await self._remove_created(creating, name)
+            raise
+
+    async def _remove_created(self, creating: asyncio.Future[DockerContainer], name: str) -> None:
+        try:
+            container = await creating
+        except aiodocker.exceptions.DockerError:
+            return
+        await self._remove(container.id, name)
 
     def _config(self, limits: Limits, socket_dir: Path) -> dict[str, Any]:
         user = self.settings.user
@@ -180,6 +204,8 @@ class DockerBackend(WarmPool):
             "NetworkDisabled": True,
             "HostConfig": {
                 "NetworkMode": "none",
+                # Its own IPC namespace: the agent's reset removes every SysV object in it.
+                "IpcMode": "private",
                 "ReadonlyRootfs": True,
                 "Tmpfs": {"/work": f"{tmpfs},size={limits.disk_mb}m", "/tmp": f"{tmpfs},size=16m"},
                 "Memory": memory,
@@ -227,6 +253,16 @@ def _give_to_user(path: Path, user: str) -> None:
     if user.isdigit() and os.geteuid() == 0:
         os.chown(path, int(user), int(user))
     path.chmod(0o700)
+
+
+def _take_back(path: Path, user: str) -> None:
+    """Once the agent listens, the sandbox user loses the directory (mode 0700).
+
+    It is a host directory: left writable, code could fill the host's disk through it
+    (past the tmpfs cap) or plant files there.  The agent keeps its listening socket.
+    """
+    if user.isdigit() and os.geteuid() == 0:
+        os.chown(path, os.geteuid(), os.getegid())
 
 
 def _tail(log: Path) -> str:

@@ -59,8 +59,11 @@ class WarmPool(abc.ABC):
             await self._wanted.wait()
             self._wanted.clear()
             missing = self.settings.pool_size - self._warm_count() - self._creating
-            if missing > 0:
-                await asyncio.gather(*(self._warm_one() for _ in range(missing)))
+            # A TaskGroup, not gather: cancelled, it waits for every creation to clean up
+            # (gather returns at the first cancelled child, orphaning containers mid-create).
+            async with asyncio.TaskGroup() as group:
+                for _ in range(missing):
+                    group.create_task(self._warm_one())
 
     def _warm_count(self) -> int:
         """Sandboxes of the default shape, idle or leased: ``pool_size`` bounds them all."""
@@ -114,9 +117,13 @@ class WarmPool(abc.ABC):
         self._wanted.set()
 
     async def _discard(self, box: Box) -> None:
-        self._boxes.pop(box.id, None)
-        await box.agent.close()
-        await self._destroy(box)
+        try:
+            await box.agent.close()
+            await self._destroy(box)
+        finally:
+            # Only once it is gone: pool_size bounds the containers that exist, so its
+            # replacement is not started while it is still being removed.
+            self._boxes.pop(box.id, None)
         self.recycled += 1
 
     async def close(self) -> None:
