@@ -195,7 +195,8 @@ class DockerBackend(WarmPool):
     def _config(self, limits: Limits, socket_dir: Path) -> dict[str, Any]:
         user = self.settings.user
         memory = limits.memory_mb * 1024 * 1024
-        tmpfs = f"rw,nosuid,nodev,uid={user},gid={user},mode=0700"
+        # exec: compiled languages run what they build in /work; nosuid keeps setuid bits inert.
+        tmpfs = f"rw,exec,nosuid,nodev,uid={user},gid={user},mode=0700"
         nofile = self.settings.nofile
         return {
             "Image": self.settings.image,

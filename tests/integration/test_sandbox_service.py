@@ -276,3 +276,13 @@ async def test_a_snapshot_restores_a_session_elsewhere(
 
     missing = await ask(nc, SandboxOpen(id="m", snapshot="f" * 32), subjects.sandbox_session())
     assert isinstance(missing, ErrorReply) and missing.field == "$.snapshot"
+
+
+async def test_a_program_built_in_the_workdir_can_run(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    """What a compiled language needs: an executable written to /work runs (setuid stays inert)."""
+    _, nc = docker_sandbox
+    script = "printf '#!/bin/sh\\necho built\\n' > prog && chmod +x prog && ./prog"
+    result = await run(nc, script, language="bash")
+    assert (result.status, result.stdout) == (SandboxStatus.OK, "built\n")
