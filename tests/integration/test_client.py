@@ -332,6 +332,12 @@ async def reply_with(nc: NATS, subject: str, payload: bytes) -> None:
         await msg.respond(payload)
 
     await nc.subscribe(subject, cb=answer)
+    await settle(nc)
+
+
+async def settle(nc: NATS) -> None:
+    """Twice: nats-py's flush PING can overtake a SUB still queued for its flusher."""
+    await nc.flush()
     await nc.flush()
 
 
@@ -385,7 +391,7 @@ async def test_ping_gathers_every_heartbeat(client: TemperClient, nc: NATS) -> N
         await msg.respond(b"\xc1")
 
     await nc.subscribe(subjects.ping(), cb=garbage)
-    await nc.flush()
+    await settle(nc)
 
     beats = await client.ping(timeout_s=0.5)
     assert sorted(b.instance for b in beats) == ["a", "b"]
