@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,21 +77,6 @@ def start_agent(tmp_path: Path, *extra: str) -> Iterator[RunningAgent]:
             proc.kill()
             proc.wait()
         shutil.rmtree(sock_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[RunningAgent]:
-    with start_agent(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(agent: RunningAgent) -> AsyncIterator[AgentClient]:
-    c = await AgentClient.connect(agent.socket, timeout_s=10.0)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def run(client: AgentClient, **fields: Any) -> ExecReply:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,22 +13,7 @@ from protocol.errors import ErrorCode
 from services.runtime.errors import RequestRejected
 from services.sandbox.agent_client import AgentClient, AgentRejected
 from services.sandbox.snapshots import SnapshotStore
-from tests.unit.test_sandbox_agent import RunningAgent, run, start_agent
-
-
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[RunningAgent]:
-    with start_agent(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def client(agent: RunningAgent) -> AsyncIterator[AgentClient]:
-    connected = await AgentClient.connect(agent.socket, timeout_s=10.0)
-    try:
-        yield connected
-    finally:
-        await connected.close()
+from tests.unit.test_sandbox_agent import RunningAgent, run
 
 
 async def test_archive_then_extract_restores_the_workdir(
