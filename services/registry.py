@@ -45,6 +45,8 @@ class ServiceEntry:
 BUILTIN: Mapping[str, ServiceEntry] = {
     "control": ServiceEntry("control", "services.control:ControlService"),
     "sandbox": ServiceEntry("sandbox", "services.sandbox.service:SandboxService"),
+    "validator": ServiceEntry("validator", "services.validator.service:ValidatorService"),
+    "generator": ServiceEntry("generator", "services.generator.service:GeneratorService"),
 }
 
 

@@ -87,3 +87,11 @@ def sandbox_image() -> str:
     assert tag.startswith("temper-sandbox:"), build.stdout
     print(f"sandbox image {tag} ready in {time.monotonic() - started:.1f}s")
     return tag
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 policy of ``temper model init`` (HF format, float32), built once."""
+    from services.generator.model import init_model
+
+    return init_model(tmp_path_factory.mktemp("tiny-model") / "policy")

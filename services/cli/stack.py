@@ -45,6 +45,22 @@ def register(commands: Any) -> None:
     up.add_argument(
         "--grace", type=float, default=30.0, help="seconds services get to drain on stop"
     )
+    up.add_argument(
+        "--model",
+        type=Path,
+        help="policy directory, Hugging Face format (default: RUN_DIR/model, made by "
+        "`temper model init` when missing)",
+    )
+    up.add_argument(
+        "--engine", choices=("torch", "sglang"), default="torch", help="generator engine"
+    )
+    up.add_argument(
+        "--sglang-url",
+        action="append",
+        dest="sglang_urls",
+        metavar="URL",
+        help="SGLang server for --engine sglang (repeatable: turns stick to one server)",
+    )
     up.set_defaults(run=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
@@ -78,11 +94,30 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url if args.external_nats else None,
         services=names,
         stop_grace_s=args.grace,
+        env=_generator_env(args) if "generator" in names else {},
     )
     try:
         return run(lambda: _up(settings))
     except NatsServerError as error:
         raise CliError(str(error)) from None
+
+
+def _generator_env(args: argparse.Namespace) -> dict[str, str]:
+    """Generator settings from the command line, passed to it as ``TEMPER_GENERATOR_*``."""
+    if args.engine == "sglang" and not args.sglang_urls:
+        raise CliError("--engine sglang needs at least one --sglang-url", 2)
+    model = (args.model or args.run_dir / "model").resolve()
+    if not (model / "config.json").is_file():
+        if args.model is not None:
+            raise CliError(f"{model}: not a model directory (no config.json)", 2)
+        from services.generator.model import init_model
+
+        _say(f"no policy yet: building the tiny one in {model} (temper model init)")
+        init_model(model, force=True)
+    env = {"TEMPER_GENERATOR_MODEL": str(model), "TEMPER_GENERATOR_ENGINE": args.engine}
+    if args.sglang_urls:
+        env["TEMPER_GENERATOR_SGLANG_URLS"] = ",".join(args.sglang_urls)
+    return env
 
 
 async def _up(settings: StackSettings) -> int:

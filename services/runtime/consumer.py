@@ -27,6 +27,7 @@ from services.runtime.errors import Reject
 from services.runtime.jetstream import ConsumerSpec, ensure_consumer
 from services.runtime.logs import get_logger
 from services.runtime.metrics import ServiceMetrics
+from services.runtime.priority import PriorityGate
 
 M = TypeVar("M")
 
@@ -50,6 +51,9 @@ class ConsumerTuning:
     nak_delay_s: float = 1.0
     #: Pause after a transport error before fetching again.
     error_backoff_s: float = 0.5
+    #: Shared with the consumers of other priority tiers (see services.runtime.priority).
+    gate: PriorityGate | None = None
+    tier: int = 0
 
 
 @dataclass(kw_only=True)
@@ -124,6 +128,8 @@ class Consumer(Generic[M]):
     def stop_intake(self) -> None:
         self._intake_open = False
         self._slot_free.set()
+        if self._tuning.gate is not None:
+            self._tuning.gate.close()
 
     def cancel_in_flight(self) -> int:
         for task in self._in_flight:
@@ -177,8 +183,25 @@ class Consumer(Generic[M]):
             self._slot_free.clear()
             await self._slot_free.wait()
             return []
+        gate = self._tuning.gate
+        if gate is None:
+            return await self._pull(sub, free, self._tuning.fetch_wait_s)
+        admission = await gate.admit(self._tuning.tier, free, self._tuning.fetch_wait_s)
+        if admission.slots == 0:
+            gate.fetched(self._tuning.tier, 0)
+            return []
+        batch: list[Msg] = []
         try:
-            return await sub.fetch(free, timeout=self._tuning.fetch_wait_s)
+            batch = await self._pull(sub, admission.slots, admission.wait_s)
+        finally:
+            gate.fetched(self._tuning.tier, len(batch))
+        return batch
+
+    async def _pull(
+        self, sub: JetStreamContext.PullSubscription, count: int, wait_s: float
+    ) -> list[Msg]:
+        try:
+            return await sub.fetch(count, timeout=wait_s)
         except (nats.errors.TimeoutError, TimeoutError):
             return []
         except nats.errors.Error as error:
@@ -202,6 +225,9 @@ class Consumer(Generic[M]):
         except Exception as error:
             # Transport failure while acking or dead-lettering: left unacked, so it is redelivered.
             self._log.error("delivery_failed", error=repr(error), subject=msg.subject)
+        finally:
+            if self._tuning.gate is not None:
+                self._tuning.gate.finished()
 
     async def _receive(self, msg: Msg) -> None:
         self._received.inc()

@@ -29,6 +29,7 @@ COMMANDS = (
     "replay",
     "dlq",
     "sandbox",
+    "model",
 )
 HEX_ID = re.compile(r"^[0-9a-f]{32}$")
 

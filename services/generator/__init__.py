@@ -1,0 +1,1 @@
+"""Generator: tasks in, rollouts out, on an SGLang or torch engine."""

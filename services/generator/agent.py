@@ -1,0 +1,298 @@
+"""The agent loop, token in and token out.
+
+A trajectory is kept as token ids from start to end.  Each turn appends the tokens the
+engine generated (loss mask 1, with their behaviour logprobs and policy version), and a
+tool call appends the observation's tokens (mask 0, logprob 0), encoded on their own.
+Nothing already in the trajectory is ever re-tokenized, so what the learner trains on is
+exactly what the policy saw and produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from protocol.messages import (
+    FinishReason,
+    Rollout,
+    RolloutStatus,
+    Segment,
+    Task,
+    Timings,
+    ToolCall,
+    rollout_id,
+)
+from protocol.packed import i32_list, pack_f32, pack_i32, pack_u8
+from services.generator.engine import Engine, EngineError, GenerateRequest, Sample, Sampling
+from services.generator.tokens import ChatTokenizer
+from services.generator.tools import ToolBox, ToolInfraError, ToolSession, parse_tool_call
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopLimits:
+    #: The model's context: a prompt that does not fit is an invalid task.
+    context_len: int = 4096
+    #: Prompt plus completion, when the task sets no ``max_total_tokens``.
+    max_total_tokens: int = 4096
+    turn_timeout_s: float = 120.0
+
+
+@dataclass(kw_only=True)
+class Trajectory:
+    """One sample of a task while it is being generated."""
+
+    prompt: list[int]
+    completion: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    cached_tokens: int = 0
+    turns: int = 0
+    finish: FinishReason = FinishReason.STOP
+    status: RolloutStatus = RolloutStatus.OK
+    error: str | None = None
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return len(self.prompt) + len(self.completion)
+
+    def add_generated(self, sample: Sample) -> None:
+        start = len(self.completion)
+        self.completion.extend(sample.output_ids)
+        self.logprobs.extend(sample.logprobs)
+        self.mask.extend([1] * len(sample.output_ids))
+        self.segments.append(
+            Segment(start=start, end=len(self.completion), kind="gen", version=sample.version)
+        )
+        self.cached_tokens += sample.cached_tokens
+        self.turns += 1
+        self.finish = _FINISH[sample.finish]
+
+    def add_observation(self, ids: list[int]) -> None:
+        start = len(self.completion)
+        self.completion.extend(ids)
+        self.logprobs.extend([0.0] * len(ids))
+        self.mask.extend([0] * len(ids))
+        self.segments.append(Segment(start=start, end=len(self.completion), kind="tool"))
+
+    def fail(self, status: RolloutStatus, error: str) -> None:
+        self.status = status
+        self.error = error
+        self.finish = FinishReason.ERROR
+
+
+class AgentLoop:
+    """Turns one task into ``task.n`` rollouts on an engine, running tool calls in between."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: ChatTokenizer,
+        tools: ToolBox,
+        limits: LoopLimits | None = None,
+        *,
+        generator: str = "",
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.limits = limits or LoopLimits()
+        self.generator = generator
+
+    async def run(self, task: Task) -> list[Rollout]:
+        started = time.time()
+        prompt = self.prompt_ids(task)
+        budget = min(task.max_total_tokens or self.limits.max_total_tokens, self.limits.context_len)
+        if len(prompt) >= budget:
+            reason = f"prompt of {len(prompt)} tokens leaves no room within {budget} tokens"
+            return self._all_failed(task, prompt, RolloutStatus.INVALID, reason, started)
+        trajectories = [Trajectory(prompt=list(prompt)) for _ in range(task.n)]
+        try:
+            first = await self._generate(task, prompt, task.n, task.id, budget - len(prompt), 0)
+        except EngineError as error:
+            return self._all_failed(task, prompt, RolloutStatus.INFRA_FAILURE, str(error), started)
+        for trajectory, sample in zip(trajectories, first.samples, strict=True):
+            trajectory.generate_s += first.elapsed_s
+            trajectory.add_generated(sample)
+        await asyncio.gather(
+            *(self._continue(task, i, t, budget) for i, t in enumerate(trajectories))
+        )
+        return [self._rollout(task, i, t, started) for i, t in enumerate(trajectories)]
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        if task.prompt_tokens:
+            return i32_list(task.prompt_tokens)
+        return self.tokenizer.render(task.prompt)
+
+    # ------------------------------------------------------------------ turns
+
+    async def _continue(self, task: Task, index: int, trajectory: Trajectory, budget: int) -> None:
+        """Run tool calls and further turns until the model stops or a limit is reached."""
+        session: ToolSession | None = None
+        try:
+            while self._wants_tool(task, trajectory):
+                if trajectory.turns >= task.max_turns:
+                    trajectory.finish = FinishReason.MAX_TURNS
+                    return
+                session = session or await self.tools.open(rollout_id(task.id, index), _tools(task))
+                await self._tool_turn(session, trajectory)
+                if trajectory.total >= budget:
+                    trajectory.finish = FinishReason.LENGTH
+                    return
+                await self._next_turn(task, index, trajectory, budget)
+        except ToolInfraError as error:
+            trajectory.fail(RolloutStatus.INFRA_FAILURE, f"tool: {error}")
+        except EngineError as error:
+            trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error))
+        finally:
+            if session is not None:
+                await session.close()
+
+    def _wants_tool(self, task: Task, trajectory: Trajectory) -> bool:
+        end = self.tokenizer.tool_call_end_id
+        return (
+            bool(task.tools)
+            and end is not None
+            and trajectory.finish is FinishReason.STOP
+            and bool(trajectory.completion)
+            and trajectory.completion[-1] == end
+        )
+
+    async def _tool_turn(self, session: ToolSession, trajectory: Trajectory) -> None:
+        last = trajectory.segments[-1]
+        text = self.tokenizer.decode(trajectory.completion[last.start : last.end])
+        call = parse_tool_call(text)
+        started = time.monotonic()
+        if isinstance(call, str):
+            output, status, name, arguments = f"error: {call}", "invalid", "", text
+        else:
+            outcome = await session.call(call)
+            output, status, name, arguments = outcome.output, outcome.status, call.name, call.raw
+        elapsed = time.monotonic() - started
+        trajectory.tool_s += elapsed
+        trajectory.tool_calls.append(
+            ToolCall(
+                turn=trajectory.turns - 1,
+                name=name,
+                arguments=arguments,
+                output=output,
+                status=status,
+                duration_s=elapsed,
+            )
+        )
+        trajectory.add_observation(self.tokenizer.encode(self.tokenizer.observation(output)))
+
+    async def _next_turn(self, task: Task, index: int, trajectory: Trajectory, budget: int) -> None:
+        ids = trajectory.prompt + trajectory.completion
+        room = budget - len(ids)
+        result = await self._generate(task, ids, 1, rollout_id(task.id, index), room, index + 1)
+        trajectory.generate_s += result.elapsed_s
+        trajectory.add_generated(result.samples[0])
+
+    async def _generate(
+        self, task: Task, ids: list[int], n: int, trajectory_id: str, room: int, salt: int
+    ) -> _Generated:
+        request = GenerateRequest(
+            prompt_ids=ids,
+            sampling=self._sampling(task, room, salt),
+            n=n,
+            trajectory_id=trajectory_id,
+        )
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.limits.turn_timeout_s):
+                samples = await self.engine.generate(request)
+        except TimeoutError as error:
+            raise EngineError(f"turn timed out after {self.limits.turn_timeout_s:g}s") from error
+        if len(samples) != n:
+            raise EngineError(f"engine returned {len(samples)} samples for n={n}")
+        return _Generated(samples=samples, elapsed_s=time.monotonic() - started)
+
+    def _sampling(self, task: Task, room: int, salt: int) -> Sampling:
+        params = task.sampling
+        stops = set(params.stop_token_ids) | set(self.tokenizer.eos_ids)
+        stops |= self._single_token_stops(params.stop)
+        if task.tools and self.tokenizer.tool_call_end_id is not None:
+            stops.add(self.tokenizer.tool_call_end_id)
+        return Sampling(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_new_tokens=max(1, min(params.max_tokens, room)),
+            stop_token_ids=tuple(sorted(stops)),
+            seed=None if params.seed is None else params.seed + salt,
+        )
+
+    def _single_token_stops(self, stops: list[str]) -> set[int]:
+        """Stop strings that are one token; longer ones cannot stop a token-level engine."""
+        found: set[int] = set()
+        for text in stops:
+            ids = self.tokenizer.encode(text)
+            if len(ids) == 1:
+                found.add(ids[0])
+        return found
+
+    # ------------------------------------------------------------------ results
+
+    def _rollout(self, task: Task, index: int, t: Trajectory, started: float) -> Rollout:
+        now = time.time()
+        queued = max(0.0, started - task.created_at) if task.created_at else 0.0
+        return Rollout(
+            id=rollout_id(task.id, index),
+            task=task,
+            sample_index=index,
+            tokens=pack_i32(t.prompt + t.completion),
+            prompt_len=len(t.prompt),
+            logprobs=pack_f32(t.logprobs),
+            loss_mask=pack_u8(t.mask),
+            segments=t.segments,
+            tool_calls=t.tool_calls,
+            completion_text=self._text(t),
+            finish_reason=t.finish,
+            status=t.status,
+            error=t.error,
+            timings=Timings(
+                queued_s=queued, generate_s=t.generate_s, tool_s=t.tool_s, total_s=now - started
+            ),
+            cached_prompt_tokens=t.cached_tokens,
+            engine=self.engine.name,
+            generator=self.generator,
+            created_at=now,
+        )
+
+    def _text(self, trajectory: Trajectory) -> str:
+        text = self.tokenizer.decode(trajectory.completion)
+        end = self.tokenizer.end_turn
+        return text[: -len(end)] if end and text.endswith(end) else text
+
+    def refuse(self, task: Task, reason: str) -> list[Rollout]:
+        """Invalid rollouts for a task that is not generated at all (unknown domain, late)."""
+        return self._all_failed(
+            task, self.prompt_ids(task), RolloutStatus.INVALID, reason, time.time()
+        )
+
+    def _all_failed(
+        self, task: Task, prompt: list[int], status: RolloutStatus, reason: str, started: float
+    ) -> list[Rollout]:
+        failed = []
+        for index in range(task.n):
+            trajectory = Trajectory(prompt=list(prompt))
+            trajectory.fail(status, reason)
+            failed.append(self._rollout(task, index, trajectory, started))
+        return failed
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Generated:
+    samples: list[Sample]
+    elapsed_s: float
+
+
+def _tools(task: Task) -> tuple[str, ...]:
+    return tuple(task.tools)

@@ -1,0 +1,248 @@
+"""Generator service: tasks from the tier streams in, rollouts out, weights kept current.
+
+Tasks are pulled with strict priority (tier 0 first) under one shared concurrency bound.
+A task is acked only once all its rollouts are stored in the rollout stream, each with
+its stable id as ``Nats-Msg-Id``, so a redelivered task republishes nothing new.
+Policy updates are applied by the engine's weight transaction between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from protocol import streams, subjects
+from protocol.codec import Codec
+from protocol.errors import DecodeError
+from protocol.messages import (
+    PolicyUpdate,
+    Rollout,
+    RolloutStatus,
+    Task,
+    WeightFormat,
+    WeightSyncAck,
+)
+from services.generator.agent import AgentLoop, LoopLimits
+from services.generator.engine import Engine, EngineError
+from services.generator.settings import GeneratorSettings
+from services.generator.tokens import ChatTokenizer
+from services.generator.tools import LocalTools, SandboxTools, ToolBox
+from services.runtime.consumer import ConsumerTuning, Delivery
+from services.runtime.jetstream import ConsumerSpec
+from services.runtime.priority import PriorityGate
+from services.runtime.responder import Request
+from services.runtime.service import Service
+from services.runtime.weights import verify_digest
+
+DURABLE = "generator"
+
+
+class GeneratorService(Service):
+    name = "generator"
+
+    def __init__(self, settings: GeneratorSettings, engine: Engine | None = None) -> None:
+        super().__init__(settings.runtime)
+        self.settings = settings
+        self._engine = engine
+        self._loop: AgentLoop | None = None
+        self._gate = PriorityGate(len(streams.TASK_STREAMS), settings.max_concurrent_tasks)
+        self._known: Callable[[str], bool] | None = None
+        self._weights_lock = asyncio.Lock()
+        self.version = 0
+        self.latest_announced = 0
+        self.rollouts: Counter[str] = Counter()
+        self.weight_failures = 0
+        self._generated_at_start = 0
+        self._task_codec: Codec[Task] = Codec(Task)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise RuntimeError("generator engine not created (service not started)")
+        return self._engine
+
+    async def setup(self) -> None:
+        settings = self.settings
+        if self._engine is None:
+            self._engine = make_engine(settings)
+        await self.engine.start()
+        self.version = self.engine.statistics().version
+        tokenizer = await asyncio.to_thread(ChatTokenizer.load, settings.model)
+        self._loop = AgentLoop(
+            self.engine,
+            tokenizer,
+            self._toolbox(),
+            LoopLimits(
+                context_len=_context_len(settings.model),
+                max_total_tokens=settings.max_total_tokens,
+                turn_timeout_s=settings.turn_timeout_s,
+            ),
+            generator=self.instance,
+        )
+        self._known = _domain_check(settings)
+        await self._catch_up_weights()
+        self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
+        for tier, spec in enumerate(streams.TASK_STREAMS):
+            self.consume(
+                self._consumer_spec(spec.name), self._task_codec, self._on_task, self._tuning(tier)
+            )
+
+    def _consumer_spec(self, stream: str) -> ConsumerSpec:
+        return ConsumerSpec(
+            stream=stream,
+            durable=DURABLE,
+            ack_wait_s=self.settings.ack_wait_s,
+            max_deliver=self.settings.max_deliver,
+        )
+
+    def _tuning(self, tier: int) -> ConsumerTuning:
+        return ConsumerTuning(
+            max_in_flight=self.settings.max_concurrent_tasks,
+            fetch_wait_s=self.settings.fetch_wait_s,
+            gate=self._gate,
+            tier=tier,
+        )
+
+    def _toolbox(self) -> ToolBox:
+        if self.settings.tools == "sandbox":
+            return SandboxTools(self.bus.nc, timeout_s=self.settings.tool_timeout_s)
+        return LocalTools()
+
+    async def teardown(self) -> None:
+        if self._engine is not None:
+            await self._engine.close()
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _on_task(self, task: Task, delivery: Delivery) -> None:
+        rollouts = await self._rollouts_for(task)
+        for rollout in rollouts:
+            await self.bus.publish(
+                subjects.rollout(task.domain),
+                rollout,
+                trace_id=delivery.trace_id or None,
+                msg_id=rollout.id,
+            )
+            self.rollouts[rollout.status.value] += 1
+        self.log.info(
+            "task_generated",
+            domain=task.domain,
+            samples=len(rollouts),
+            statuses=sorted({r.status.value for r in rollouts}),
+        )
+
+    async def _rollouts_for(self, task: Task) -> list[Rollout]:
+        loop = self._loop
+        assert loop is not None
+        if self._known is not None and not self._known(task.domain):
+            return loop.refuse(task, f"unknown domain {task.domain!r}")
+        if task.deadline is not None and task.deadline < time.time():
+            return loop.refuse(task, "the task's deadline passed before it was generated")
+        return await loop.run(task)
+
+    # ------------------------------------------------------------------ weights
+
+    async def _catch_up_weights(self) -> None:
+        """A generator that starts late serves the newest announced policy from the start."""
+        try:
+            stored = await self.bus.js.get_last_msg(streams.POLICY.name, subjects.policy_update())
+        except (nats.js.errors.NotFoundError, nats.errors.Error):
+            return
+        try:
+            update: PolicyUpdate = Codec(PolicyUpdate).decode(stored.data or b"")
+        except DecodeError as error:
+            self.log.warning("bad_stored_policy_update", error=str(error))
+            return
+        await self._apply(update)
+
+    async def _on_policy(self, update: PolicyUpdate, _: Request) -> None:
+        await self._apply(update)
+
+    async def _apply(self, update: PolicyUpdate) -> None:
+        self.latest_announced = max(self.latest_announced, update.version)
+        async with self._weights_lock:
+            if update.version <= self.version:
+                return
+            started = time.monotonic()
+            error = await self._load(update)
+            ack = WeightSyncAck(
+                version=update.version,
+                service=self.name,
+                instance=self.instance,
+                ok=error is None,
+                error=error,
+                duration_s=time.monotonic() - started,
+            )
+            await self.bus.emit(subjects.weight_ack(self.name), ack)
+
+    async def _load(self, update: PolicyUpdate) -> str | None:
+        try:
+            if update.format is WeightFormat.HF_SAFETENSORS:
+                await asyncio.to_thread(verify_digest, Path(update.uri), update.digest)
+            async with asyncio.timeout(self.settings.weight_update_timeout_s):
+                await self.engine.load_weights(update.version, update.uri)
+        except (EngineError, OSError, ValueError, TimeoutError) as error:
+            self.weight_failures += 1
+            self.log.error("weight_update_failed", version=update.version, error=str(error))
+            return f"{type(error).__name__}: {error}"
+        self.version = update.version
+        self.log.info("weights_updated", version=update.version, uri=update.uri)
+        return None
+
+    # ------------------------------------------------------------------ reporting
+
+    def health(self) -> tuple[bool, str]:
+        ok, detail = super().health()
+        return ok, detail or f"engine={self.settings.engine} version={self.version}"
+
+    def statistics(self) -> dict[str, float]:
+        values = super().statistics()
+        stats = self.engine.statistics() if self._engine is not None else None
+        if stats is not None:
+            uptime = max(values.get("uptime_s", 0.0), 1e-9)
+            values["tokens_per_s"] = stats.generated_tokens / uptime
+            values["generated_tokens"] = float(stats.generated_tokens)
+            values["cache_hit_ratio"] = stats.cache_hit_ratio
+        values["policy_version"] = float(self.version)
+        values["version_lag"] = float(max(0, self.latest_announced - self.version))
+        values["weight_update_failures"] = float(self.weight_failures)
+        for status in RolloutStatus:
+            values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
+        return values
+
+
+def _context_len(model: Path) -> int:
+    import json
+
+    config: dict[str, Any] = json.loads((model / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 4096))
+
+
+def _domain_check(settings: GeneratorSettings) -> Callable[[str], bool] | None:
+    if not settings.check_domains:
+        return None
+    from services.domains import load_registry
+
+    registry = load_registry(settings.domains_config)
+    return registry.__contains__
+
+
+def make_engine(settings: GeneratorSettings) -> Engine:
+    if settings.engine == "torch":
+        from services.generator.torch_engine import TorchEngine
+
+        return TorchEngine(
+            settings.model,
+            device=settings.device or None,
+            cache_bytes=settings.prefix_cache_mb << 20,
+        )
+    from services.generator.sglang_engine import SGLangEngine
+
+    return SGLangEngine(list(settings.sglang_urls))  # type: ignore[no-any-return]

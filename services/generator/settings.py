@@ -1,0 +1,53 @@
+"""Generator settings (env ``TEMPER_GENERATOR_*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.runtime.settings import RuntimeSettings
+
+ENGINES = ("torch", "sglang")
+TOOLBOXES = ("sandbox", "local", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorSettings:
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    #: Hugging Face model directory (``temper model init DIR`` makes a tiny one).
+    model: Path = Path("models/tiny")
+    #: ``torch`` (embedded, CPU or one GPU) or ``sglang`` (servers at ``sglang_urls``).
+    engine: str = "torch"
+    sglang_urls: tuple[str, ...] = ()
+    #: ``cpu``, ``cuda``; empty picks cuda when available.
+    device: str = ""
+    #: Memory bound of the torch engine's prefix cache.
+    prefix_cache_mb: int = 256
+    #: Tasks generated at once by this instance, across all priority tiers.
+    max_concurrent_tasks: int = 4
+    #: A generation turn that takes longer is an infrastructure failure.
+    turn_timeout_s: float = 120.0
+    #: Prompt plus completion when the task does not say; never more than the model's context.
+    max_total_tokens: int = 2048
+    #: ``sandbox`` runs tool calls in the sandbox service; ``local`` are in-process test tools.
+    tools: str = "sandbox"
+    tool_timeout_s: float = 60.0
+    #: Tasks whose domain is not registered come back as invalid rollouts.
+    check_domains: bool = True
+    #: Domain config (TOML); none means the built-in domains.
+    domains_config: Path | None = None
+    #: Task redelivery deadline; in-progress acks push it back during long rollouts.
+    ack_wait_s: float = 60.0
+    max_deliver: int = 5
+    weight_update_timeout_s: float = 300.0
+    fetch_wait_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.tools not in TOOLBOXES:
+            raise ValueError(f"tools {self.tools!r} is not one of {', '.join(TOOLBOXES)}")
+        if self.engine == "sglang" and not self.sglang_urls:
+            raise ValueError("engine sglang needs sglang_urls (TEMPER_GENERATOR_SGLANG_URLS)")
+        if self.max_concurrent_tasks < 1:
+            raise ValueError("max_concurrent_tasks must be at least 1")

@@ -1,0 +1,194 @@
+"""The generator service on the torch engine over a real nats-server: tasks in, rollouts
+out, weights swapped by PolicyUpdate, tiers served in priority order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from protocol import streams, subjects
+from protocol.codec import Codec, encode
+from protocol.messages import (
+    ChatMessage,
+    PolicyUpdate,
+    Rollout,
+    RolloutStatus,
+    SamplingParams,
+    Task,
+    WeightSyncAck,
+)
+from protocol.packed import pack_i32
+from services.generator.model import TinyModelSpec, init_model
+from services.generator.service import GeneratorService
+from services.generator.settings import GeneratorSettings
+from services.runtime.weights import directory_digest
+from tests.integration.support import client, runtime, stream_count
+
+ROLLOUTS: Codec[Rollout] = Codec(Rollout)
+
+
+def _settings(url: str, model: Path, **overrides: object) -> GeneratorSettings:
+    values: dict[str, object] = {
+        "runtime": runtime(url, instance="gen-test"),
+        "model": model,
+        "tools": "local",
+        "check_domains": False,
+        "fetch_wait_s": 0.2,
+        "max_concurrent_tasks": 2,
+        "prefix_cache_mb": 16,
+    }
+    values.update(overrides)
+    return GeneratorSettings(**values)  # type: ignore[arg-type]
+
+
+def _task(task_id: str, *, tier: int = 1, n: int = 2, domain: str = "arith") -> Task:
+    return Task(
+        id=task_id,
+        domain=domain,
+        tier=tier,
+        prompt=[ChatMessage(role="user", content=f"What is 2 + {len(task_id)}?")],
+        sampling=SamplingParams(max_tokens=6, seed=5),
+        n=n,
+    )
+
+
+async def _submit(js: object, task: Task) -> None:
+    await js.publish(  # type: ignore[attr-defined]
+        subjects.task(task.tier, task.domain), encode(task), headers={"Nats-Msg-Id": task.id}
+    )
+
+
+class RolloutTap:
+    """Every rollout published while the tap is open, in arrival order."""
+
+    def __init__(self) -> None:
+        self.got: list[Rollout] = []
+        self.changed = asyncio.Event()
+
+    async def on_msg(self, msg: Msg) -> None:
+        self.got.append(ROLLOUTS.decode(msg.data))
+        self.changed.set()
+
+    async def wait(self, count: int, timeout_s: float = 60.0) -> list[Rollout]:
+        async with asyncio.timeout(timeout_s):
+            while len(self.got) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.got
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[NATS]:
+    async with client(nats_url) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def tap(nc: NATS) -> RolloutTap:
+    tap = RolloutTap()
+    await nc.subscribe(subjects.rollouts(), cb=tap.on_msg)
+    await nc.flush()
+    return tap
+
+
+async def test_task_becomes_n_rollouts_and_is_acked(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    async with GeneratorService(_settings(nats_url, tiny_model)):
+        await _submit(nc.jetstream(), _task("t-one", n=3))
+        rollouts = await tap.wait(3)
+    assert sorted(r.id for r in rollouts) == ["t-one/0", "t-one/1", "t-one/2"]
+    for rollout in rollouts:
+        assert rollout.status is RolloutStatus.OK
+        assert rollout.engine == "torch" and rollout.generator == "gen-test"
+        completion = len(rollout.token_ids) - rollout.prompt_len
+        assert 1 <= completion <= 6
+        assert len(rollout.behaviour_logprobs) == completion
+        assert (rollout.behaviour_logprobs < 0).all()
+        assert rollout.segments[0].version == 0
+    assert await stream_count(nc.jetstream(), streams.task_stream_name(1)) == 0
+
+
+async def test_prompt_too_long_gives_invalid_rollouts(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    task = Task(id="long", domain="arith", prompt_tokens=pack_i32([5] * 300), n=2)
+    async with GeneratorService(_settings(nats_url, tiny_model, max_total_tokens=128)):
+        await _submit(nc.jetstream(), task)
+        rollouts = await tap.wait(2)
+    assert {r.status for r in rollouts} == {RolloutStatus.INVALID}
+    assert "300 tokens" in (rollouts[0].error or "")
+
+
+async def test_policy_update_swaps_weights_between_requests(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path, tmp_path: Path
+) -> None:
+    new = init_model(tmp_path / "v1", TinyModelSpec(seed=1))
+    acks: list[WeightSyncAck] = []
+
+    async def on_ack(msg: Msg) -> None:
+        acks.append(Codec(WeightSyncAck).decode(msg.data))
+
+    await nc.subscribe(subjects.weight_ack("generator"), cb=on_ack)
+    js = nc.jetstream()
+    async with GeneratorService(_settings(nats_url, tiny_model)) as service:
+        await _submit(js, _task("before", n=1))
+        [before] = await tap.wait(1)
+        bad = PolicyUpdate(version=1, uri=str(new), digest="sha256:" + "0" * 64)
+        await js.publish(subjects.policy_update(), encode(bad))
+        await _until(lambda: len(acks) == 1)
+        assert not acks[0].ok and "digest" in (acks[0].error or "")
+        assert service.version == 0
+        good = PolicyUpdate(version=2, uri=str(new), digest=directory_digest(new))
+        await js.publish(subjects.policy_update(), encode(good))
+        await _until(lambda: len(acks) == 2)
+        assert acks[1].ok and service.version == 2
+        await _submit(js, _task("after", n=1))
+        rollouts = await tap.wait(2)
+    after = rollouts[1]
+    assert after.segments[0].version == 2
+    # Same prompt shape and seed, different weights: the behaviour logprobs differ.
+    assert before.logprobs != after.logprobs
+
+
+async def test_late_generator_starts_on_the_newest_policy(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path, tmp_path: Path
+) -> None:
+    new = init_model(tmp_path / "v7", TinyModelSpec(seed=2))
+    js = nc.jetstream()
+    for spec in (streams.POLICY,):
+        await js.add_stream(name=spec.name, subjects=list(spec.subjects))
+    update = PolicyUpdate(version=7, uri=str(new), digest=directory_digest(new))
+    await js.publish(subjects.policy_update(), encode(update))
+    async with GeneratorService(_settings(nats_url, tiny_model)) as service:
+        assert service.version == 7
+        await _submit(js, _task("late", n=1))
+        [rollout] = await tap.wait(1)
+    assert rollout.segments[0].version == 7
+
+
+async def test_higher_tier_is_served_first(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    js = nc.jetstream()
+    for spec in streams.TASK_STREAMS:
+        await js.add_stream(name=spec.name, subjects=list(spec.subjects), retention="workqueue")
+    low = [_task(f"low{i}", tier=3, n=1) for i in range(3)]
+    high = [_task(f"high{i}", tier=0, n=1) for i in range(3)]
+    for task in low + high:
+        await _submit(js, task)
+    async with GeneratorService(_settings(nats_url, tiny_model, max_concurrent_tasks=1)):
+        rollouts = await tap.wait(6)
+    order = [r.task.tier for r in rollouts]
+    assert order == [0, 0, 0, 3, 3, 3]
+
+
+async def _until(predicate: object, timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.05)
