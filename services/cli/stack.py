@@ -94,7 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url if args.external_nats else None,
         services=names,
         stop_grace_s=args.grace,
-        env=_generator_env(args) if "generator" in names else {},
+        env=generator_env(args) if "generator" in names else {},
     )
     try:
         return run(lambda: _up(settings))
@@ -102,7 +102,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
 
 
-def _generator_env(args: argparse.Namespace) -> dict[str, str]:
+def generator_env(args: argparse.Namespace) -> dict[str, str]:
     """Generator settings from the command line, passed to it as ``TEMPER_GENERATOR_*``."""
     if args.engine == "sglang" and not args.sglang_urls:
         raise CliError("--engine sglang needs at least one --sglang-url", 2)

@@ -8,7 +8,7 @@ from pathlib import Path
 from services.runtime.settings import RuntimeSettings
 
 ENGINES = ("torch", "sglang")
-TOOLBOXES = ("sandbox", "local", "none")
+TOOLBOXES = ("sandbox", "local")
 
 
 @dataclass(frozen=True, kw_only=True)

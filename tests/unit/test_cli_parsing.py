@@ -263,3 +263,31 @@ def test_replay_a_bad_record_names_the_line(
     code, err = run_main(["--nats-url", "nats://127.0.0.1:9", "replay", str(path)], capsys)
     assert code == 2
     assert f"{path}:2: not a recorded message" in err
+
+
+def test_up_with_sglang_engine_needs_a_server_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["up", "--engine", "sglang"]) == 2
+    assert "--sglang-url" in capsys.readouterr().err
+
+
+def test_up_refuses_a_model_dir_without_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["up", "--model", str(tmp_path)]) == 2
+    assert "not a model directory" in capsys.readouterr().err
+
+
+def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
+    from services.cli.stack import generator_env
+    from services.generator.model import init_model
+
+    model = init_model(tmp_path / "m")
+    args = build_parser().parse_args(
+        ["up", "--model", str(model), "--engine", "sglang", "--sglang-url", "http://127.0.0.1:1"]
+    )
+    env = generator_env(args)
+    assert env == {
+        "TEMPER_GENERATOR_MODEL": str(model.resolve()),
+        "TEMPER_GENERATOR_ENGINE": "sglang",
+        "TEMPER_GENERATOR_SGLANG_URLS": "http://127.0.0.1:1",
+    }
