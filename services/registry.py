@@ -47,6 +47,7 @@ BUILTIN: Mapping[str, ServiceEntry] = {
     "sandbox": ServiceEntry("sandbox", "services.sandbox.service:SandboxService"),
     "validator": ServiceEntry("validator", "services.validator.service:ValidatorService"),
     "generator": ServiceEntry("generator", "services.generator.service:GeneratorService"),
+    "replay": ServiceEntry("replay", "services.replay.service:ReplayService"),
 }
 
 

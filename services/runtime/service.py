@@ -90,6 +90,10 @@ class Service:
     async def teardown(self) -> None:
         """Release what ``setup`` acquired; runs after in-flight work is done or handed back."""
 
+    async def intake_stopped(self) -> None:
+        """Runs once intake has stopped, before in-flight work is awaited: a service holding
+        work that cannot finish while draining hands it back here."""
+
     def health(self) -> tuple[bool, str]:
         """(healthy, detail) as reported in heartbeats and to ``temper check``."""
         return self.state is ServiceState.RUNNING and self.bus.nc.is_connected, ""
@@ -278,6 +282,7 @@ class Service:
         for responder in self._responders:
             await responder.stop_intake()
         self.log.info("intake_stopped", in_flight=self.in_flight)
+        await self.intake_stopped()
         await self._wait_in_flight()
         for responder in self._control:
             await responder.stop_intake()

@@ -1,0 +1,1 @@
+"""Replay buffer: scored rollouts held until the learner takes them, within a staleness bound."""
