@@ -1,0 +1,96 @@
+"""Arithmetic: ``3+4=`` -> ``<answer>7</answer>``.
+
+Small enough for a tiny policy to learn (the learning demo uses the built-in
+``arithmetic`` domain: single-digit addition), and parameterised into families
+(operator x digits x terms x answer style) by the config file.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
+from services.domains.formats import (
+    INSTRUCTIONS,
+    STYLES,
+    AnswerStyle,
+    answer_style,
+    answer_text,
+)
+from services.domains.params import Params
+
+OPS: Final = ("add", "sub", "mul", "div", "mixed")
+_SYMBOL: Final = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
+    """Value of ``a op b op c ...`` with ``*`` binding tighter than ``+`` and ``-``."""
+    total, term, sign = 0, operands[0], 1
+    for operator, operand in zip(operators, operands[1:], strict=True):
+        if operator == "*":
+            term *= operand
+            continue
+        total += sign * term
+        sign, term = (1 if operator == "+" else -1), operand
+    return total + sign * term
+
+
+@dataclass(frozen=True)
+class ArithmeticSource:
+    op: str
+    digits: int
+    terms: int
+    style: AnswerStyle
+
+    def draw(self, rng: random.Random) -> Problem:
+        expression, value = self._division(rng) if self.op == "div" else self._chain(rng)
+        answer = str(value)
+        return Problem(
+            key=f"arith:{expression}",
+            question=expression,
+            metadata={"answer": answer},
+            reference=answer_text(answer, self.style),
+        )
+
+    def _operand(self, rng: random.Random, low: int = 0) -> int:
+        return rng.randint(low, 10**self.digits - 1)
+
+    def _chain(self, rng: random.Random) -> tuple[str, int]:
+        operands = [self._operand(rng) for _ in range(self.terms)]
+        if self.op == "mixed":
+            operators = [rng.choice("+-*") for _ in operands[1:]]
+        else:
+            operators = [_SYMBOL[self.op]] * (self.terms - 1)
+        text = str(operands[0]) + "".join(
+            f"{o}{x}" for o, x in zip(operators, operands[1:], strict=True)
+        )
+        return text, evaluate(operands, operators)
+
+    def _division(self, rng: random.Random) -> tuple[str, int]:
+        # Exact division only: the answer stays an integer.
+        divisor, quotient = self._operand(rng, low=1), self._operand(rng)
+        return f"{divisor * quotient}/{divisor}", quotient
+
+
+def domain(name: str, params: Mapping[str, Any]) -> Domain:
+    read = Params(name, params)
+    source = ArithmeticSource(
+        op=read.choice("op", "add", OPS),
+        digits=read.integer("digits", 1, 1, 9),
+        terms=read.integer("terms", 2, 2, 6),
+        style=answer_style(read.choice("style", "tag", STYLES)),
+    )
+    read.done()
+    system = f"Compute the value of the expression. {INSTRUCTIONS[source.style]}"
+    return Domain(
+        name=name,
+        kind="arithmetic",
+        source=source,
+        prompt=PromptFormat(system=system, template="{question}="),
+        validators=(ValidatorSpec(kind="math", params={"extract": source.style}),),
+        max_tokens=8 + 2 * source.digits * source.terms,
+        description=f"{source.op} of {source.terms} numbers of up to {source.digits} digits",
+    )

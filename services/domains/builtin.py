@@ -1,0 +1,35 @@
+"""The built-in domain kinds (task source families) and the built-in domains made from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from services.domains import arithmetic, doc_qa, jsonl, python_functions, tool_use, word_problems
+from services.domains.api import Domain
+
+#: ``(name, params) -> Domain``: how a config file's ``kind`` becomes a domain.
+Kind = Callable[[str, Mapping[str, Any]], Domain]
+
+KINDS: Final[Mapping[str, Kind]] = {
+    "arithmetic": arithmetic.domain,
+    "word_problems": word_problems.domain,
+    "python_functions": python_functions.domain,
+    "doc_qa": doc_qa.domain,
+    "tool_use": tool_use.domain,
+    "jsonl": jsonl.domain,
+}
+
+#: What ``load_registry(None)`` serves: one domain per kind, with the kind's defaults.
+BUILTIN: Final[tuple[tuple[str, str], ...]] = (
+    # Single-digit addition answered as <answer>N</answer>: the learning demo's domain.
+    ("arithmetic", "arithmetic"),
+    ("math_word_problems", "word_problems"),
+    ("python_functions", "python_functions"),
+    ("doc_numeric_qa", "doc_qa"),
+    ("tool_use", "tool_use"),
+)
+
+
+def builtin_domains() -> list[Domain]:
+    return [KINDS[kind](name, {}) for name, kind in BUILTIN]

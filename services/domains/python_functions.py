@@ -1,0 +1,86 @@
+"""Python functions with unit tests, judged by running them in the sandbox.
+
+A problem is one function of :mod:`services.domains.python_bank` in one variant;
+its tests are ``assert`` lines whose expected values come from running the
+reference implementation here, so the reference and the tests cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from protocol.messages import SandboxLimits
+from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
+from services.domains.params import Params
+from services.domains.python_bank import CATEGORIES, SPECS, FunctionSpec
+
+SYSTEM: Final = (
+    "Write the Python function described. Reply with one ```python code block that "
+    "defines it, using only the standard library. Do not print anything."
+)
+
+
+def reference_function(spec: FunctionSpec, variant: int) -> Callable[..., Any]:
+    """The reference implementation, built from the very text handed out as the reference."""
+    namespace: dict[str, Any] = {}
+    # Trusted, in-repo source (python_bank): never model output.
+    exec(spec.reference.replace("{k}", str(variant)), namespace)
+    function: Callable[..., Any] = namespace[spec.name]
+    return function
+
+
+def call_text(name: str, args: tuple[Any, ...]) -> str:
+    return f"{name}({', '.join(repr(arg) for arg in args)})"
+
+
+@dataclass(frozen=True)
+class FunctionSource:
+    specs: tuple[FunctionSpec, ...]
+    tests: int
+
+    def draw(self, rng: random.Random) -> Problem:
+        spec = rng.choice(self.specs)
+        variant = rng.choice(spec.variants)
+        key = f"py:{spec.name}:{variant}"
+        function = reference_function(spec, variant)
+        # Inputs follow from the key alone: one key is one problem, whatever the caller's rng.
+        inputs = random.Random(key)
+        cases = [spec.inputs(inputs, variant) for _ in range(self.tests)]
+        tests = [f"assert {call_text(spec.name, a)} == {function(*a)!r}" for a in cases]
+        example = tests[0].removeprefix("assert ")
+        question = (
+            f"Write `{spec.signature}`: {spec.description.replace('{k}', str(variant))}.\n"
+            f"Example: {example}"
+        )
+        code = spec.reference.replace("{k}", str(variant))
+        return Problem(
+            key=key,
+            question=question,
+            metadata={"entry_point": spec.name, "tests": tests},
+            reference=f"```python\n{code}```",
+        )
+
+
+def domain(name: str, params: Mapping[str, Any]) -> Domain:
+    read = Params(name, params)
+    category = read.choice("category", "any", CATEGORIES)
+    difficulty = read.integer("difficulty", 3, 1, 3)
+    tests = read.integer("tests", 5, 1, 50)
+    timeout_s = read.number("timeout_s", 5.0, 0.1, 120.0)
+    read.done()
+    specs = tuple(
+        s for s in SPECS if category in ("any", s.category) and s.difficulty <= difficulty
+    )
+    return Domain(
+        name=name,
+        kind="python_functions",
+        source=FunctionSource(specs=specs, tests=tests),
+        prompt=PromptFormat(system=SYSTEM),
+        validators=(ValidatorSpec(kind="code", name="unit_tests"),),
+        sandbox=SandboxLimits(timeout_s=timeout_s, memory_mb=256, pids=64),
+        max_tokens=512,
+        description=f"{category} functions up to difficulty {difficulty}, {tests} tests each",
+    )

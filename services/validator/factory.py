@@ -1,0 +1,196 @@
+"""From a domain's ValidatorSpecs to validators.
+
+Each kind reads its parameters from the spec (unknown ones are an error naming
+the domain).  Plugins add kinds through the ``temper.validators`` entry-point
+group, or a spec's kind may be ``module:factory`` itself; a factory takes
+``(params, domain, resources)`` like the built-in ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Final
+
+from protocol.messages import SandboxLimits
+from services.domains.api import Domain, DomainError, ValidatorSpec
+from services.domains.params import Params
+from services.domains.registry import resolve
+from services.validator import rules
+from services.validator.base import Validator
+from services.validator.code import UnitTests
+from services.validator.extract import EXTRACT_MODES, Extract
+from services.validator.reward_model import RewardBatcher, RewardModel, RewardModelScore
+from services.validator.sandbox import Sandbox
+
+ENTRY_POINT_GROUP: Final = "temper.validators"
+
+
+@dataclass
+class RewardModels:
+    """One batcher per model directory, shared by every domain that names it."""
+
+    max_batch: int = 16
+    max_wait_s: float = 0.01
+    load: Callable[[Path, int], Callable[[Any], list[float]]] = RewardModel
+    batchers: dict[tuple[Path, int], RewardBatcher] = field(default_factory=dict)
+
+    def get(self, path: Path, max_length: int) -> RewardBatcher:
+        key = (path.resolve(), max_length)
+        if key not in self.batchers:
+            self.batchers[key] = RewardBatcher(self.load(*key), self.max_batch, self.max_wait_s)
+        return self.batchers[key]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What validators share: the sandbox connection, the reward models, default limits."""
+
+    sandbox: Sandbox | None = None
+    reward_models: RewardModels = field(default_factory=RewardModels)
+    sandbox_timeout_s: float = 30.0
+    sandbox_grace_s: float = 5.0
+
+
+Factory = Callable[[Params, Domain, Resources], Validator]
+
+
+def _extract(params: Params) -> Extract:
+    mode = params.choice("extract", "auto", EXTRACT_MODES)
+    return next(m for m in EXTRACT_MODES if m == mode)
+
+
+def _exact(params: Params, domain: Domain, resources: Resources) -> Validator:
+    return rules.ExactMatch(
+        extract=_extract(params),
+        case_sensitive=params.flag("case_sensitive", False),
+        normalized=params.flag("normalize", True),
+        answer_key=params.text("answer_key", "answer"),
+    )
+
+
+def _math(params: Params, domain: Domain, resources: Resources) -> Validator:
+    return rules.MathAnswer(
+        extract=_extract(params),
+        rel_tol=params.number("rel_tol", 1e-6, 0.0, 1.0),
+        abs_tol=params.number("abs_tol", 1e-9, 0.0, 1e12),
+        answer_key=params.text("answer_key", "answer"),
+    )
+
+
+def _format(params: Params, domain: Domain, resources: Resources) -> Validator:
+    pattern = params.text("pattern", "")
+    try:
+        compiled = re.compile(pattern, re.DOTALL) if pattern else None
+    except re.error as error:
+        raise DomainError(domain.name, f"format pattern {pattern!r}: {error}") from None
+    return rules.FormatCheck(
+        pattern=compiled,
+        fullmatch=params.flag("fullmatch", False),
+        required_tags=params.texts("tags", ()),
+        boxed=params.flag("boxed", False),
+    )
+
+
+def _tool_call(params: Params, domain: Domain, resources: Resources) -> Validator:
+    return rules.ToolCallFormat(
+        min_calls=params.integer("min_calls", 1, 0, 1000),
+        known_tools_only=params.flag("known_tools_only", True),
+    )
+
+
+def _length(params: Params, domain: Domain, resources: Resources) -> Validator:
+    unit = params.choice("unit", "chars", ("chars", "tokens"))
+    limit = params.integer("limit", 2000 if unit == "chars" else domain.max_tokens, 1, 10**9)
+    hard = params.integer("hard", 2 * limit, limit + 1, 10**9)
+    truncated = params.number("truncated", 1.0, 0.0, 1.0)
+    return rules.LengthPenalty(limit=limit, hard=hard, unit=unit, truncated=truncated)
+
+
+def _doc_qa(params: Params, domain: Domain, resources: Resources) -> Validator:
+    return rules.DocNumericQA(
+        rel_tol=params.number("rel_tol", 0.005, 0.0, 1.0),
+        abs_tol=params.number("abs_tol", 0.01, 0.0, 1e12),
+        max_citation_chars=params.integer("max_citation_chars", 400, 1, 1_000_000),
+    )
+
+
+def _code(params: Params, domain: Domain, resources: Resources) -> Validator:
+    if resources.sandbox is None:
+        raise DomainError(domain.name, "the code validator needs a sandbox connection")
+    return UnitTests(
+        sandbox=resources.sandbox,
+        limits=domain.sandbox or SandboxLimits(),
+        grace_s=resources.sandbox_grace_s,
+        default_timeout_s=resources.sandbox_timeout_s,
+        language=params.choice("language", "python", ("python",)),
+    )
+
+
+def _reward_model(params: Params, domain: Domain, resources: Resources) -> Validator:
+    path = params.text("path", "")
+    if not path:
+        raise DomainError(domain.name, "the reward_model validator needs a `path` parameter")
+    batcher = resources.reward_models.get(
+        Path(path), params.integer("max_length", 1024, 8, 1 << 17)
+    )
+    transform = params.choice("transform", "sigmoid", ("sigmoid", "raw"))
+    return RewardModelScore(
+        batcher=batcher,
+        transform="raw" if transform == "raw" else "sigmoid",
+        include_prompt=params.flag("include_prompt", True),
+    )
+
+
+KINDS: Final[Mapping[str, Factory]] = {
+    "exact": _exact,
+    "math": _math,
+    "format": _format,
+    "tool_call": _tool_call,
+    "length": _length,
+    "doc_qa": _doc_qa,
+    "code": _code,
+    "reward_model": _reward_model,
+}
+
+
+def plugin_kinds() -> dict[str, str]:
+    """Validator kinds of installed plugins: name -> ``module:factory``."""
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def factory(kind: str, plugins: Mapping[str, str]) -> Factory:
+    if kind in KINDS:
+        return KINDS[kind]
+    target = plugins.get(kind, kind)
+    if ":" not in target:
+        raise LookupError(f"unknown validator kind {kind!r} (built-in: {', '.join(KINDS)})")
+    found = resolve(target)
+    if not callable(found):
+        raise LookupError(f"validator kind {target!r} is not callable")
+    return found  # type: ignore[no-any-return]
+
+
+def build(
+    spec: ValidatorSpec, domain: Domain, resources: Resources, plugins: Mapping[str, str]
+) -> Validator:
+    """The validator ``spec`` describes, for ``domain``; raises DomainError if it is wrong."""
+    try:
+        make = factory(spec.kind, plugins)
+    except (LookupError, ImportError, ValueError) as error:
+        raise DomainError(domain.name, str(error)) from None
+    params = Params(domain.name, {k: v for k, v in spec.params.items() if k != "timeout_s"})
+    validator = make(params, domain, resources)
+    params.done()
+    return validator
+
+
+def timeout_of(spec: ValidatorSpec, default_s: float) -> float:
+    """A spec's own ``timeout_s`` parameter, else the service's per-validator timeout."""
+    value = spec.params.get("timeout_s", default_s)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise DomainError(spec.label, f"timeout_s must be a positive number, not {value!r}")
+    return float(value)

@@ -1,0 +1,198 @@
+"""The unit-test validator with the sandbox replaced at its boundary.
+
+``HostPython`` runs the real harness in a host subprocess (what the sandbox does,
+minus the isolation), so the harness itself is tested here; the fakes below it
+return chosen SandboxResults and errors to test how outcomes are mapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    ChatMessage,
+    Rollout,
+    SandboxExec,
+    SandboxLimits,
+    SandboxResult,
+    SandboxStatus,
+    Task,
+)
+from services.domains.python_bank import SPECS
+from services.domains.python_functions import reference_function
+from services.validator.base import InfraFailure, InvalidRollout
+from services.validator.code import UnitTests, count_passed
+from services.validator.sandbox import SandboxRejected
+
+TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
+
+
+class HostPython:
+    """Runs the request like the sandbox would, in a temporary directory on this host."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.requests: list[SandboxExec] = []
+
+    async def run(self, request: SandboxExec, timeout_s: float) -> SandboxResult:
+        self.requests.append(request)
+        return await asyncio.to_thread(self._run, request)
+
+    def _run(self, request: SandboxExec) -> SandboxResult:
+        for name, data in request.files.items():
+            (self.tmp / name).write_bytes(data)
+        limit = request.limits.timeout_s or 10.0
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", request.code or ""],
+                input=request.stdin,
+                cwd=self.tmp,
+                capture_output=True,
+                timeout=limit,
+            )
+        except subprocess.TimeoutExpired as expired:
+            out = (expired.stdout or b"").decode()
+            return SandboxResult(id=request.id, status=SandboxStatus.TIMEOUT, stdout=out)
+        status = SandboxStatus.OK if done.returncode == 0 else SandboxStatus.NONZERO_EXIT
+        return SandboxResult(
+            id=request.id, status=status, exit_code=done.returncode, stdout=done.stdout.decode()
+        )
+
+
+class Canned:
+    """Answers every request with what ``answer`` makes of it."""
+
+    def __init__(self, answer: Callable[[SandboxExec], SandboxResult]) -> None:
+        self.answer = answer
+
+    async def run(self, request: SandboxExec, timeout_s: float) -> SandboxResult:
+        return self.answer(request)
+
+
+class Failing:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def run(self, request: SandboxExec, timeout_s: float) -> SandboxResult:
+        raise self.error
+
+
+def rollout(code: str, tests: list[str] | None = None) -> Rollout:
+    task = Task(
+        id="t1",
+        domain="py",
+        prompt=[ChatMessage(role="user", content="write add")],
+        metadata={"tests": TESTS if tests is None else tests},
+    )
+    return Rollout(id="t1/0", task=task, sample_index=0, completion_text=code)
+
+
+def unit_tests(sandbox: object, timeout_s: float = 5.0) -> UnitTests:
+    return UnitTests(
+        sandbox=sandbox,  # type: ignore[arg-type]
+        limits=SandboxLimits(timeout_s=timeout_s),
+        grace_s=1.0,
+        default_timeout_s=10.0,
+    )
+
+
+def block(code: str) -> str:
+    return f"Here you go:\n```python\n{code}\n```\n"
+
+
+async def test_all_tests_pass(tmp_path: Path) -> None:
+    host = HostPython(tmp_path)
+    verdict = await unit_tests(host).score(rollout(block("def add(a, b):\n    return a + b")))
+    assert (verdict.score, verdict.message) == (1.0, "3/3 tests passed")
+    request = host.requests[0]
+    assert set(request.files) == {"solution.py", "tests.json"}
+    assert request.limits.timeout_s == 5.0
+
+
+async def test_partial_credit_is_the_share_passed(tmp_path: Path) -> None:
+    code = block("def add(a, b):\n    return a + b if a >= 0 else 99")
+    verdict = await unit_tests(HostPython(tmp_path)).score(rollout(code))
+    assert verdict.score == pytest.approx(2 / 3)
+
+
+async def test_a_crashing_or_silent_candidate_scores_zero(tmp_path: Path) -> None:
+    host = HostPython(tmp_path)
+    assert (await unit_tests(host).score(rollout(block("def add(a, b")))).score == 0.0
+    exits = block("import sys\nsys.exit(3)")
+    assert (await unit_tests(host).score(rollout(exits))).score == 0.0
+    assert (
+        await unit_tests(host).score(rollout("no code here"))
+    ).message == "no ```python code block"
+
+
+async def test_forged_pass_lines_do_not_count(tmp_path: Path) -> None:
+    forged = "for i in range(3):\n    print('pass', i)\n    print('0' * 32, 'pass', i)"
+    verdict = await unit_tests(HostPython(tmp_path)).score(rollout(block(forged)))
+    assert verdict.score == 0.0
+
+
+async def test_a_candidate_timeout_is_a_low_score_counting_what_passed(tmp_path: Path) -> None:
+    slow = block("def add(a, b):\n    while a == 2:\n        pass\n    return a + b")
+    verdict = await unit_tests(HostPython(tmp_path), timeout_s=1.0).score(rollout(slow))
+    assert verdict.score == pytest.approx(2 / 3)
+    assert "timeout" in verdict.message
+
+
+@pytest.mark.parametrize(
+    "status", [SandboxStatus.OOM, SandboxStatus.KILLED, SandboxStatus.OUTPUT_LIMIT]
+)
+async def test_candidate_failures_are_scores(status: SandboxStatus) -> None:
+    sandbox = Canned(lambda r: SandboxResult(id=r.id, status=status, stdout=""))
+    verdict = await unit_tests(sandbox).score(rollout(block("x = 1")))
+    assert verdict.score == 0.0 and status.value in verdict.message
+
+
+async def test_sandbox_infra_error_is_an_infra_failure() -> None:
+    broken = Canned(
+        lambda r: SandboxResult(id=r.id, status=SandboxStatus.INFRA_ERROR, error="agent lost")
+    )
+    with pytest.raises(InfraFailure, match="agent lost"):
+        await unit_tests(broken).score(rollout(block("x = 1")))
+
+
+async def test_sandbox_refusals() -> None:
+    too_large = Failing(SandboxRejected(ErrorCode.TOO_LARGE, "code is 3 MB"))
+    verdict = await unit_tests(too_large).score(rollout(block("x = 1")))
+    assert verdict.score == 0.0 and "code is 3 MB" in verdict.message
+    unavailable = Failing(SandboxRejected(ErrorCode.UNAVAILABLE, "no sandbox free"))
+    with pytest.raises(InfraFailure, match="no sandbox free"):
+        await unit_tests(unavailable).score(rollout(block("x = 1")))
+
+
+async def test_a_task_without_tests_is_invalid() -> None:
+    with pytest.raises(InvalidRollout, match="tests"):
+        await unit_tests(HostPython(Path("."))).score(rollout(block("x = 1"), tests=[]))
+
+
+def test_count_passed_counts_each_test_once() -> None:
+    out = "n pass 0 \nn pass 0 \nn fail 1 Error\nm pass 2 \nn pass 3 \n"
+    assert count_passed(out, "n") == 2
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
+def test_every_bank_reference_passes_its_own_tests(spec: object) -> None:
+    """The python_functions bank: each variant's reference satisfies the tests it generates."""
+    from services.domains.python_functions import FunctionSource
+
+    source = FunctionSource(specs=(spec,), tests=8)  # type: ignore[arg-type]
+    import random
+
+    rng = random.Random(0)
+    for _ in range(12):
+        problem = source.draw(rng)
+        variant = int(problem.key.rsplit(":", 1)[1])
+        namespace = {problem.metadata["entry_point"]: reference_function(spec, variant)}  # type: ignore[arg-type]
+        for test in problem.metadata["tests"]:
+            exec(test, dict(namespace))
