@@ -48,6 +48,7 @@ BUILTIN: Mapping[str, ServiceEntry] = {
     "validator": ServiceEntry("validator", "services.validator.service:ValidatorService"),
     "generator": ServiceEntry("generator", "services.generator.service:GeneratorService"),
     "replay": ServiceEntry("replay", "services.replay.service:ReplayService"),
+    "learner": ServiceEntry("learner", "services.learner.service:LearnerService"),
 }
 
 

@@ -94,7 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url if args.external_nats else None,
         services=names,
         stop_grace_s=args.grace,
-        env=generator_env(args) if "generator" in names else {},
+        env=policy_env(args, names),
     )
     try:
         return run(lambda: _up(settings))
@@ -102,8 +102,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
 
 
-def generator_env(args: argparse.Namespace) -> dict[str, str]:
-    """Generator settings from the command line, passed to it as ``TEMPER_GENERATOR_*``."""
+def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, str]:
+    """Generator and learner settings from the command line (``TEMPER_<SERVICE>_*``).
+
+    Both start from the same policy directory; the learner writes its versions, checkpoint
+    and metrics under RUN_DIR/learner.
+    """
+    if not {"generator", "learner"} & set(names):
+        return {}
     if args.engine == "sglang" and not args.sglang_urls:
         raise CliError("--engine sglang needs at least one --sglang-url", 2)
     model = (args.model or args.run_dir / "model").resolve()
@@ -114,7 +120,12 @@ def generator_env(args: argparse.Namespace) -> dict[str, str]:
 
         _say(f"no policy yet: building the tiny one in {model} (temper model init)")
         init_model(model, force=True)
-    env = {"TEMPER_GENERATOR_MODEL": str(model), "TEMPER_GENERATOR_ENGINE": args.engine}
+    env = {
+        "TEMPER_GENERATOR_MODEL": str(model),
+        "TEMPER_GENERATOR_ENGINE": args.engine,
+        "TEMPER_LEARNER_MODEL": str(model),
+        "TEMPER_LEARNER_OUT_DIR": str((args.run_dir / "learner").resolve()),
+    }
     if args.sglang_urls:
         env["TEMPER_GENERATOR_SGLANG_URLS"] = ",".join(args.sglang_urls)
     return env

@@ -278,16 +278,19 @@ def test_up_refuses_a_model_dir_without_config(
 
 
 def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
-    from services.cli.stack import generator_env
+    from services.cli.stack import policy_env
     from services.generator.model import init_model
 
     model = init_model(tmp_path / "m")
     args = build_parser().parse_args(
         ["up", "--model", str(model), "--engine", "sglang", "--sglang-url", "http://127.0.0.1:1"]
     )
-    env = generator_env(args)
+    env = policy_env(args, ("generator", "learner"))
     assert env == {
         "TEMPER_GENERATOR_MODEL": str(model.resolve()),
         "TEMPER_GENERATOR_ENGINE": "sglang",
         "TEMPER_GENERATOR_SGLANG_URLS": "http://127.0.0.1:1",
+        "TEMPER_LEARNER_MODEL": str(model.resolve()),
+        "TEMPER_LEARNER_OUT_DIR": str(Path("run/learner").resolve()),
     }
+    assert policy_env(args, ("control",)) == {}

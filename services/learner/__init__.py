@@ -1,0 +1,1 @@
+"""Learner: GRPO / decoupled PPO on torch; publishes policy versions."""

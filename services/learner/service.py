@@ -1,0 +1,201 @@
+"""Learner service: batches from the replay buffer in, policy versions out.
+
+The learner never waits on generation: it asks the replay buffer for a batch (whole
+groups within the staleness bound), takes one optimizer step, and every
+``publish_every`` steps writes the weights as a Hugging Face directory and announces
+them with a PolicyUpdate (version, path, digest).  Training metrics go to the stats
+subject, Prometheus and ``OUT_DIR/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+
+from protocol import subjects
+from protocol.codec import Codec, encode
+from protocol.errors import DecodeError
+from protocol.messages import Batch, ErrorReply, PolicyUpdate, SampleRequest
+from services.learner.loss import LossConfig
+from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
+from services.runtime.service import Service
+from services.runtime.settings import RuntimeSettings
+
+_BATCH_REPLY: Codec[Batch | ErrorReply] = Codec(Batch | ErrorReply)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerSettings:
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    #: Starting policy (Hugging Face directory); a checkpoint in ``out_dir`` takes precedence.
+    model: Path = Path("models/tiny")
+    #: Published weights (``weights/v<N>``), the checkpoint and metrics.jsonl.
+    out_dir: Path = Path("run/learner")
+    #: Samples per optimizer step (whole groups).
+    batch_size: int = 64
+    lr: float = 1e-4
+    clip_eps: float = 0.2
+    is_cap: float = 2.0
+    grad_clip: float = 1.0
+    micro_batch: int = 16
+    #: Staleness bound sent with every request; ``None`` keeps the buffer's.
+    max_staleness: int | None = None
+    #: Publish a new policy version every this many steps.
+    publish_every: int = 1
+    checkpoint_every: int = 10
+    keep_versions: int = 3
+    #: How long the buffer may take to fill a batch; a partial batch is trained on.
+    sample_wait_s: float = 5.0
+    #: The smallest batch worth a step.
+    min_samples: int = 8
+    device: str = "cpu"
+    seed: int = 0
+
+    def trainer_config(self) -> TrainerConfig:
+        return TrainerConfig(
+            lr=self.lr,
+            grad_clip=self.grad_clip,
+            micro_batch=self.micro_batch,
+            loss=LossConfig(clip_eps=self.clip_eps, is_cap=self.is_cap),
+            seed=self.seed,
+        )
+
+
+class LearnerService(Service):
+    name = "learner"
+
+    def __init__(self, settings: LearnerSettings) -> None:
+        super().__init__(settings.runtime)
+        self.settings = settings
+        self._trainer: Trainer | None = None
+        self.last: StepResult | None = None
+        self.failures = 0
+
+    @property
+    def trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise RuntimeError("learner not started")
+        return self._trainer
+
+    async def setup(self) -> None:
+        settings = self.settings
+        self._trainer = await asyncio.to_thread(
+            Trainer, settings.model, settings.out_dir, settings.trainer_config(), settings.device
+        )
+        if await asyncio.to_thread(self.trainer.resume):
+            self.log.info("resumed", step=self.trainer.step, version=self.trainer.version)
+            current = self.trainer.current_weights()
+            if current is not None:
+                await self._announce(current)
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._train_loop()]
+
+    async def _train_loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            if batch is None or len(batch.items) < self.settings.min_samples:
+                await asyncio.sleep(0.2 if batch is not None else 1.0)
+                continue
+            result = await asyncio.to_thread(self.trainer.train, batch.items)
+            self.last = result
+            self._record(result, batch)
+            await self._after_step(result.step)
+
+    async def _next_batch(self) -> Batch | None:
+        trainer = self.trainer
+        request = SampleRequest(
+            id=uuid.uuid4().hex,
+            learner_version=trainer.version,
+            max_samples=self.settings.batch_size,
+            max_staleness=self.settings.max_staleness,
+            whole_groups=True,
+            wait_s=self.settings.sample_wait_s,
+        )
+        timeout = self.settings.sample_wait_s + 10.0
+        try:
+            reply = await self.bus.nc.request(
+                subjects.replay_sample(), encode(request), timeout=timeout
+            )
+            answer = _BATCH_REPLY.decode(reply.data)
+        except (nats.errors.Error, TimeoutError, DecodeError) as error:
+            self.failures += 1
+            self.log.warning("no_batch", error=repr(error))
+            return None
+        if isinstance(answer, ErrorReply):
+            self.failures += 1
+            self.log.warning("batch_refused", code=answer.code, reason=answer.message)
+            return None
+        return answer
+
+    async def _after_step(self, step: int) -> None:
+        if step % self.settings.publish_every == 0:
+            exported = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
+            await self._announce(exported)
+        if step % self.settings.checkpoint_every == 0:
+            await asyncio.to_thread(self.trainer.save_checkpoint)
+
+    async def _announce(self, exported: Exported) -> None:
+        update = PolicyUpdate(
+            version=exported.version,
+            uri=str(exported.path.resolve()),
+            digest=exported.digest,
+            step=self.trainer.step,
+            created_at=time.time(),
+        )
+        await self.bus.publish(
+            subjects.policy_update(), update, msg_id=f"policy-{exported.version}-{exported.digest}"
+        )
+        self.log.info("policy_published", version=exported.version, step=self.trainer.step)
+
+    async def teardown(self) -> None:
+        if self._trainer is not None and self._trainer.step:
+            await asyncio.to_thread(self._trainer.save_checkpoint)
+
+    def _record(self, result: StepResult, batch: Batch) -> None:
+        line = {
+            "step": result.step,
+            "version": self.trainer.version,
+            "samples": result.samples,
+            "reward_mean": result.reward_mean,
+            "reward_by_domain": result.reward_by_domain,
+            "staleness_mean": result.staleness_mean,
+            "dropped_stale": batch.dropped_stale,
+            **{f"loss_{k}": v for k, v in asdict(result.loss).items()},
+            "at": time.time(),
+        }
+        with (self.settings.out_dir / "metrics.jsonl").open("a") as out:
+            out.write(json.dumps(line) + "\n")
+        self.log.info(
+            "step", step=result.step, reward=round(result.reward_mean, 4), samples=result.samples
+        )
+
+    def health(self) -> tuple[bool, str]:
+        ok, detail = super().health()
+        if self._trainer is None:
+            return False, "loading"
+        return ok, detail or f"step={self._trainer.step} version={self._trainer.version}"
+
+    def statistics(self) -> dict[str, float]:
+        values = super().statistics()
+        values["batch_failures"] = float(self.failures)
+        if self._trainer is not None:
+            values["step"] = float(self._trainer.step)
+            values["policy_version"] = float(self._trainer.version)
+        last = self.last
+        if last is not None:
+            values["reward_mean"] = last.reward_mean
+            values["staleness_mean"] = last.staleness_mean
+            values["clip_fraction"] = last.loss.clip_fraction
+            values["approx_kl"] = last.loss.approx_kl
+            for domain, reward in last.reward_by_domain.items():
+                values[f"reward.{domain}"] = reward
+        return values

@@ -1,0 +1,95 @@
+"""The whole asynchronous RL loop in one process over a real nats-server: generator
+(torch engine, tiny policy) -> validator -> replay -> learner -> PolicyUpdate ->
+generator.  Nobody waits for anybody: the generator keeps producing with the version it
+has, and later rollouts carry the newer versions the learner published."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from nats.aio.msg import Msg
+
+from protocol import subjects
+from protocol.codec import Codec, encode
+from protocol.messages import PolicyUpdate, ScoredRollout, Task
+from services.domains import load_registry
+from services.generator.service import GeneratorService
+from services.generator.settings import GeneratorSettings
+from services.learner.service import LearnerService, LearnerSettings
+from services.replay.service import ReplayService, ReplaySettings
+from services.validator.service import ValidatorService
+from services.validator.settings import ValidatorSettings
+from tests.integration.support import client, runtime
+
+
+def _tasks(count: int) -> list[Task]:
+    domain = load_registry(None).get("arithmetic")
+    return [
+        Task(**{**_fields(task), "n": 4})  # a group of 4: advantages need more than one
+        for task in domain.make_tasks(count, split="train", seed=1)
+    ]
+
+
+def _fields(task: Task) -> dict[str, object]:
+    return {name: getattr(task, name) for name in task.__struct_fields__ if name != "v"}
+
+
+@pytest.mark.timeout(300)
+async def test_policy_versions_flow_back_to_the_generator(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    scored: list[ScoredRollout] = []
+    updates: list[PolicyUpdate] = []
+
+    async def on_scored(msg: Msg) -> None:
+        scored.append(Codec(ScoredRollout).decode(msg.data))
+
+    async def on_update(msg: Msg) -> None:
+        updates.append(Codec(PolicyUpdate).decode(msg.data))
+
+    generator = GeneratorService(
+        GeneratorSettings(
+            runtime=runtime(nats_url, instance="gen"),
+            model=tiny_model,
+            tools="local",
+            fetch_wait_s=0.2,
+            prefix_cache_mb=16,
+        )
+    )
+    validator = ValidatorService(ValidatorSettings(runtime=runtime(nats_url, instance="val")))
+    replay = ReplayService(ReplaySettings(runtime=runtime(nats_url, instance="rep")))
+    learner = LearnerService(
+        LearnerSettings(
+            runtime=runtime(nats_url, instance="lrn"),
+            model=tiny_model,
+            out_dir=tmp_path / "learner",
+            batch_size=8,
+            min_samples=4,
+            sample_wait_s=0.5,
+            lr=1e-3,
+        )
+    )
+    async with client(nats_url) as nc:
+        await nc.subscribe(subjects.scored_all(), cb=on_scored)
+        await nc.subscribe(subjects.policy_update(), cb=on_update)
+        async with generator, validator, replay, learner:
+            js = nc.jetstream()
+            for task in _tasks(12):
+                await js.publish(
+                    subjects.task(task.tier, task.domain),
+                    encode(task),
+                    headers={"Nats-Msg-Id": task.id},
+                )
+            async with asyncio.timeout(240):
+                while not any((s.rollout.policy_version or 0) >= 1 for s in scored):
+                    await asyncio.sleep(0.2)
+            assert learner.trainer.step >= 1
+            assert generator.version >= 1
+
+    assert updates and updates[0].version == 1
+    assert Path(updates[0].uri).is_dir()
+    versions = {s.rollout.policy_version for s in scored}
+    assert 0 in versions and any((v or 0) >= 1 for v in versions)
+    assert (tmp_path / "learner" / "metrics.jsonl").read_text().count("\n") >= 1
