@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: venv run test test-unit test-integration bench lint fixtures clean
+.PHONY: venv sglang-venv run test test-unit test-integration bench lint fixtures clean
 
 venv: $(STAMP)
 
@@ -20,11 +20,16 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The CPU SGLang server's own venv, cached outside the clone by a hash of its inputs (a no-op
+# once built): the generator's SGLang tests run against that real server.
+sglang-venv:
+	deploy/sglang-cpu/build.sh >/dev/null
+
 run: venv
 	$(BIN)/temper up
 
 # pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
-test: venv
+test: venv sglang-venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status

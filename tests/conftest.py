@@ -12,6 +12,12 @@ from pathlib import Path
 import pytest
 
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
+from tests.sglang_fixtures import (  # noqa: F401  (fixtures, used by name)
+    sglang_python,
+    sglang_second_server,
+    sglang_server,
+    sglang_server_factory,
+)
 
 
 @pytest.fixture

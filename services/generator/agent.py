@@ -24,7 +24,14 @@ from protocol.messages import (
     rollout_id,
 )
 from protocol.packed import i32_list, pack_f32, pack_i32, pack_u8
-from services.generator.engine import Engine, EngineError, GenerateRequest, Sample, Sampling
+from services.generator.engine import (
+    Engine,
+    EngineError,
+    GenerateRequest,
+    InvalidRequestError,
+    Sample,
+    Sampling,
+)
 from services.generator.tokens import ChatTokenizer
 from services.generator.tools import ToolBox, ToolInfraError, ToolSession, parse_tool_call
 
@@ -117,6 +124,8 @@ class AgentLoop:
             first = await self._generate(task, prompt, task.n, task.id, budget - len(prompt), 0)
         except EngineError as error:
             return self._all_failed(task, prompt, RolloutStatus.INFRA_FAILURE, str(error), started)
+        except InvalidRequestError as error:
+            return self._all_failed(task, prompt, RolloutStatus.INVALID, str(error), started)
         for trajectory, sample in zip(trajectories, first.samples, strict=True):
             trajectory.generate_s += first.elapsed_s
             trajectory.add_generated(sample)
@@ -150,6 +159,8 @@ class AgentLoop:
             trajectory.fail(RolloutStatus.INFRA_FAILURE, f"tool: {error}")
         except EngineError as error:
             trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error))
+        except InvalidRequestError as error:
+            trajectory.fail(RolloutStatus.INVALID, str(error))
         finally:
             if session is not None:
                 await session.close()

@@ -19,6 +19,11 @@ class EngineError(RuntimeError):
     """The engine failed to serve a request (not the model's fault): ``infra_failure``."""
 
 
+class InvalidRequestError(ValueError):
+    """The request itself is unusable (empty prompt, prompt filling the context, token ids
+    outside the vocabulary): the task is ``invalid``, the engine is fine."""
+
+
 class WeightUpdateError(EngineError):
     """A weight update did not complete; the engine keeps serving its previous version."""
 

@@ -245,4 +245,4 @@ def make_engine(settings: GeneratorSettings) -> Engine:
         )
     from services.generator.sglang_engine import SGLangEngine
 
-    return SGLangEngine(list(settings.sglang_urls))  # type: ignore[no-any-return]
+    return SGLangEngine(list(settings.sglang_urls))

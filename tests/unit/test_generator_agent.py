@@ -18,7 +18,13 @@ from protocol.messages import (
 )
 from protocol.packed import pack_i32
 from services.generator.agent import AgentLoop, LoopLimits
-from services.generator.engine import EngineError, EngineStatistics, GenerateRequest, Sample
+from services.generator.engine import (
+    EngineError,
+    EngineStatistics,
+    GenerateRequest,
+    InvalidRequestError,
+    Sample,
+)
 from services.generator.tokens import ChatTokenizer
 from services.generator.tools import LocalTools, ToolInfraError, parse_tool_call
 
@@ -28,10 +34,13 @@ class ScriptedEngine:
 
     name = "scripted"
 
-    def __init__(self, turns: list[list[int]], *, fail_at: int | None = None) -> None:
+    def __init__(
+        self, turns: list[list[int]], *, fail_at: int | None = None, refuse: bool = False
+    ) -> None:
         self._turns: Iterator[list[int]] = iter(turns)
         self.requests: list[GenerateRequest] = []
         self._fail_at = fail_at
+        self._refuse = refuse
 
     async def start(self) -> None:
         return None
@@ -41,6 +50,8 @@ class ScriptedEngine:
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         self.requests.append(request)
+        if self._refuse:
+            raise InvalidRequestError("prompt token id outside the vocabulary [0, 2048)")
         if self._fail_at is not None and len(self.requests) > self._fail_at:
             raise EngineError("scripted engine failure")
         samples = []
@@ -170,6 +181,13 @@ async def test_first_turn_engine_error_fails_every_sample(tokenizer: ChatTokeniz
     )
     assert [r.status for r in rollouts] == [RolloutStatus.INFRA_FAILURE] * 3
     assert all(r.logprobs == b"" and r.prompt_len > 0 for r in rollouts)
+
+
+async def test_a_request_the_engine_refuses_is_invalid(tokenizer: ChatTokenizer) -> None:
+    task = _task(prompt=[], prompt_tokens=pack_i32([5, 99999]), n=2)
+    rollouts = await AgentLoop(ScriptedEngine([], refuse=True), tokenizer, LocalTools()).run(task)
+    assert [r.status for r in rollouts] == [RolloutStatus.INVALID] * 2
+    assert "vocabulary" in (rollouts[0].error or "")
 
 
 async def test_tool_machinery_failure_is_infra_failure(tokenizer: ChatTokenizer) -> None:
