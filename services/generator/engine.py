@@ -82,6 +82,27 @@ class EngineStatistics:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+@dataclass(kw_only=True)
+class EngineCounters:
+    """Running totals kept by an engine; :meth:`snapshot` is what ``statistics()`` returns."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    weight_updates: int = 0
+
+    def snapshot(self, version: int) -> EngineStatistics:
+        return EngineStatistics(
+            requests=self.requests,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            generated_tokens=self.generated_tokens,
+            version=version,
+            weight_updates=self.weight_updates,
+        )
+
+
 @runtime_checkable
 class Engine(Protocol):
     """An inference engine serving one policy version at a time."""

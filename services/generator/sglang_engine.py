@@ -43,6 +43,7 @@ import aiohttp
 import msgspec
 
 from services.generator.engine import (
+    EngineCounters,
     EngineError,
     EngineStatistics,
     FinishKind,
@@ -237,13 +238,8 @@ class StickyRouter:
 # ---------------------------------------------------------------- the engine
 
 
-@dataclass
-class _Counters:
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    weight_updates: int = 0
+@dataclass(kw_only=True)
+class _Counters(EngineCounters):
     per_server_requests: dict[str, int] = field(default_factory=dict)
 
 
@@ -650,16 +646,8 @@ class SGLangEngine:
     # ------------------------------------------------------------ statistics
 
     def statistics(self) -> EngineStatistics:
-        c = self._counters
-        return EngineStatistics(
-            requests=c.requests,
-            prompt_tokens=c.prompt_tokens,
-            cached_tokens=c.cached_tokens,
-            generated_tokens=c.generated_tokens,
-            # The version every server serves; the oldest when an update failed on some.
-            version=min(s.version for s in self.router.servers.values()),
-            weight_updates=c.weight_updates,
-        )
+        # The version every server serves; the oldest when an update failed on some.
+        return self._counters.snapshot(min(s.version for s in self.router.servers.values()))
 
     def requests_per_server(self) -> dict[str, int]:
         return dict(self._counters.per_server_requests)

@@ -190,22 +190,25 @@ class _SandboxSession:
 
 
 def _decoded_session(data: bytes) -> SandboxSession:
-    try:
-        reply = _SESSION_REPLY.decode(data)
-    except DecodeError as error:
-        raise ToolInfraError(f"bad reply from the sandbox service: {error}") from error
-    if isinstance(reply, ErrorReply):
-        raise ToolInfraError(f"sandbox session refused: {reply.code}: {reply.message}")
+    reply = _decoded(_SESSION_REPLY, data, "sandbox session refused")
+    assert isinstance(reply, SandboxSession)
     return reply
 
 
 def _decoded_result(data: bytes) -> SandboxResult:
+    reply = _decoded(_EXEC_REPLY, data, "sandbox refused the call")
+    assert isinstance(reply, SandboxResult)
+    if reply.status is SandboxStatus.INFRA_ERROR:
+        raise ToolInfraError(f"sandbox failed: {reply.error or 'infra_error'}")
+    return reply
+
+
+def _decoded(codec: Codec[Any], data: bytes, refused: str) -> object:
+    """The reply, or :class:`ToolInfraError` for an error reply or bytes that do not decode."""
     try:
-        reply = _EXEC_REPLY.decode(data)
+        reply = codec.decode(data)
     except DecodeError as error:
         raise ToolInfraError(f"bad reply from the sandbox service: {error}") from error
     if isinstance(reply, ErrorReply):
-        raise ToolInfraError(f"sandbox refused the call: {reply.code}: {reply.message}")
-    if reply.status is SandboxStatus.INFRA_ERROR:
-        raise ToolInfraError(f"sandbox failed: {reply.error or 'infra_error'}")
+        raise ToolInfraError(f"{refused}: {reply.code}: {reply.message}")
     return reply

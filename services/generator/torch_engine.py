@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from services.generator.engine import (
+    EngineCounters,
     EngineError,
     EngineStatistics,
     FinishKind,
@@ -82,15 +83,6 @@ class _Row:
     finish: FinishKind | None = None
 
 
-@dataclass
-class _Counters:
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    weight_updates: int = 0
-
-
 class TorchEngine:
     """:class:`~services.generator.engine.Engine` over a local transformers model."""
 
@@ -117,7 +109,7 @@ class TorchEngine:
         self._prefix: RadixCache | None = None
         self._cache_kw = "cache"
         self._eos: frozenset[int] = frozenset()
-        self._counters = _Counters()
+        self._counters = EngineCounters()
         self._closed = False
         # Single worker thread: torch work is serialized however callers are cancelled.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-engine")
@@ -188,15 +180,7 @@ class TorchEngine:
         return self._model is not None and not self._closed
 
     def statistics(self) -> EngineStatistics:
-        c = self._counters
-        return EngineStatistics(
-            requests=c.requests,
-            prompt_tokens=c.prompt_tokens,
-            cached_tokens=c.cached_tokens,
-            generated_tokens=c.generated_tokens,
-            version=self._version,
-            weight_updates=c.weight_updates,
-        )
+        return self._counters.snapshot(self._version)
 
     # ------------------------------------------------------------------ extras
 
