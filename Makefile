@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml
 sglang-venv:
 	deploy/sglang-cpu/build.sh >/dev/null
 
+# The embedded stack trains the tiny policy on single-digit addition and prints the reward
+# per learner step; it stops after TRAIN_MINUTES (Ctrl-C stops it earlier).
+TRAIN_MINUTES ?= 10
 run: venv
-	$(BIN)/temper up
+	$(BIN)/temper train --minutes $(TRAIN_MINUTES)
 
 # pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
 test: venv sglang-venv

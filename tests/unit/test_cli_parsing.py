@@ -30,6 +30,7 @@ COMMANDS = (
     "dlq",
     "sandbox",
     "model",
+    "train",
 )
 HEX_ID = re.compile(r"^[0-9a-f]{32}$")
 
