@@ -13,7 +13,8 @@ rounds so that every path shares the machine's noise:
 
 Added latency of a request = its round trip through the service (client send to
 reply decoded) minus the run time the agent measured for that very exec
-(the reply's ``duration_s``: fork to exit of the child inside the container).
+(the reply's ``duration_s``: from handing the run to a ready spare process to its
+exit, inside the container).
 Cold start = create + start + agent answering, through the backend's own creation
 path (an exec shape outside the warm pool gets a dedicated, new container).
 
@@ -176,7 +177,7 @@ def render(fig: Figures) -> list[str]:
         f"  service / agent direct  {ratio(svc.rate, agent.rate):7.2f}x",
         "",
         "  added latency = a request's round trip - its own run time in the container",
-        "  (the reply's duration_s: fork to exit of the child, measured by the agent)",
+        "  (the reply's duration_s: hand-over to a spare -> exit, measured by the agent)",
         spread(f"service, per request ({len(added)})", added),
         spread("run time in the container (service)", svc.inside),
         spread("agent direct, same measure", agent.added(), "  (socket + agent only)"),

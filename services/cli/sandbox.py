@@ -16,7 +16,7 @@ from protocol.errors import DecodeError
 from protocol.messages import ErrorReply, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
 from services.cli.common import CliError, connect, emit_json, run
 
-_BY_SUFFIX = {".py": "python", ".sh": "bash", ".bash": "bash"}
+_BY_SUFFIX = {".py": "python", ".sh": "bash", ".bash": "bash", ".c": "c"}
 _REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorReply)
 
 

@@ -1,9 +1,13 @@
 """Temper sandbox agent: runs executions for the host over a unix socket.
 
 A single-file, standard-library-only Python 3.11 program.  It is the command of every
-sandbox container (``docker run --init``: tini is PID 1, the agent its child, non-root,
-no capabilities, read-only root, tmpfs workdir) and is also run directly on the host by
-the local backend.  It assumes a container only when given ``--container``.
+sandbox container, and its PID 1 (no ``--init``: an init of the code's uid could be
+traced by code and would outlive every reset; non-root, no capabilities, read-only
+root, tmpfs workdir), and is also run by the local backend, under bubblewrap (PID 1
+again) or directly on the host.  It assumes a container only when given
+``--container``.  As an init it reaps every orphan as soon as it exits (SIGCHLD) and
+takes SIGTERM/SIGINT as the order to stop; code cannot SIGKILL or SIGSTOP it (the
+kernel drops those when sent to a PID namespace's init from inside).
 
     python3 agent.py --socket PATH --workdir DIR [--container] [--languages JSON]
                      [--nofile N] [--fsize-bytes N] [--memory-bytes N | --memory-mb N]
@@ -75,13 +79,15 @@ sends a request.
     {"op": "reset"} -> {"ok": true, "killed": N}
       Kills every process the executions left behind and empties the workdir (files,
       directories, dotfiles; not the workdir itself).  With ``--container``: every
-      process but PID 1 and the agent (a /proc scan inside the container's PID
-      namespace); the container's other writable places (/tmp, /dev/shm,
+      process but PID 1, the agent and its zygote and spare (a /proc scan inside the
+      container's PID namespace); the container's other writable places (/tmp, /dev/shm,
       /dev/mqueue) are emptied too and its SysV IPC objects removed, so nothing one
       task leaves there reaches the next.  Without: nothing outside the agent's own
       process groups is touched (and each exec's group is already killed when the
       exec ends), so only the workdir is emptied; a process that left its group with
       setsid() survives on the host (the local backend's weak-isolation mode).
+      A zygote that was lost (killed by code) and exec-ed afresh meanwhile is replaced
+      here, once no process of the task is left.
 
     Bad requests (bad JSON, not an object, unknown op, invalid fields, an absolute or
     ``..`` file path, unknown language, both or neither of code/argv, a frame over the
@@ -98,26 +104,33 @@ environment (PATH, HOME=workdir, TMPDIR=workdir, LANG=C.UTF-8, then the request'
 stdin fed from the request, RLIMIT_CORE 0, RLIMIT_NOFILE and RLIMIT_FSIZE always,
 RLIMIT_AS and RLIMIT_NPROC when configured, no file descriptor but 0, 1, 2, and
 PR_SET_PDEATHSIG=SIGKILL (an agent that dies takes its running child with it).
-Code runs as the agent's uid, so the agent makes itself non-dumpable: code cannot
-ptrace it, nor read its memory, descriptors or environment through /proc (each child
-is dumpable again, as a normal process).
-Python code runs in a fork of the agent (interpreter already loaded; behaves as
+No run is a fork of the agent, whose heap still holds earlier requests: each is a
+"spare" forked ahead of time from the agent's zygote, a process forked before the
+agent read any request (see "the zygote" below), and handed its plan and pipes over a
+socket pair.  Code runs as the agent's uid, so the agent, the zygote and idle spares
+are non-dumpable (code cannot ptrace them, nor read or write their memory,
+descriptors or environment through /proc; a run is dumpable again, as a normal
+process), and a seccomp filter of the agent's refuses every process it starts
+ptrace, process_vm_readv/writev, pidfd_getfd and prlimit64 on another process.
+Python code runs in the spare itself (interpreter already loaded; behaves as
 ``python3 -c``: __main__, atexit, non-daemon threads joined, traceback + exit 1 on an
-uncaught exception); the forked child keeps the agent's hash seed, so set iteration
-order repeats across executions.  Other languages exec a real binary with the code in
-a file under ``<workdir>/.temper/``, removed afterwards.  The language table maps a
+uncaught exception); spares keep the zygote's hash seed, so set iteration order
+repeats across executions.  Other languages exec a real binary with the code in a file
+under ``<workdir>/.temper/``, removed afterwards.  The language table maps a
 name to "python-fork", an argv template (``{file}`` = the code file, ``{workdir}``) or
-``{"argv": [...], "suffix": ".c"}``; ``--languages`` JSON entries are merged over the
-defaults (null removes one).  Request files never pass through a symlink and only
-replace regular files (anything else is a bad request).
+``{"argv": [...], "suffix": ".c", "needs": "gcc"}`` (``needs``: the program that must be
+installed, else the run is an infra_error; default argv[0]); ``--languages`` JSON
+entries are merged over the defaults (null removes one).  The defaults: python, bash,
+sh and c (gcc: built in the code's directory, then run; that directory goes afterwards).
+Request files never pass through a symlink and only replace regular files (anything
+else is a bad request).
 
 When the main process exits, its process group is killed: at once if the pipes are
 closed, else after a 50 ms grace (a background child holding stdout open cannot hang
 the exec).  The leader is reaped only after that kill, so the group id cannot have been
 reused.  With ``--container``, a timeout, an output limit, a cancellation or an expired
-grace also kills every other process but PID 1 and the agent (children that setsid()
-away); a process that left the group quietly survives until ``reset``.  Every child of
-the agent is reaped (after each request and once a second).
+grace also kills every other process but PID 1, the agent and its zygote (children that
+setsid() away); a process that left the group quietly survives until ``reset``.
 """
 
 from __future__ import annotations
@@ -127,6 +140,8 @@ import atexit
 import base64
 import builtins
 import errno
+import fcntl
+import functools
 import gc
 import io
 import json
@@ -144,7 +159,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 VERSION = 1
@@ -171,6 +186,12 @@ DEFAULT_LANGUAGES: dict[str, Any] = {
     "python": PYTHON_FORK,
     "bash": {"argv": ["bash", "{file}"], "suffix": ".sh"},
     "sh": {"argv": ["sh", "{file}"], "suffix": ".sh"},
+    # Built next to the code file (the agent's scratch directory, emptied after the run).
+    "c": {
+        "argv": ["sh", "-c", 'gcc -O2 -o "$1.bin" "$1" -lm && exec "$1.bin"', "c", "{file}"],
+        "suffix": ".c",
+        "needs": "gcc",
+    },
 }
 HEADER = struct.Struct(">I")
 PEERCRED = struct.Struct("3i")
@@ -181,6 +202,9 @@ IPC_RMID = 0
 CONTAINER_SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 #: The exit status of a child whose setup failed (its reason goes up the status pipe).
 SETUP_FAILED = 126
+#: A run's pipes, as a spare receives them (and wires them onto fds 0-3).
+RUN_PIPES = ("stdin", "stdout", "stderr", "status")
+MAX_PLAN_CHUNK = 1 << 20
 
 
 class BadRequest(Exception):
@@ -204,6 +228,8 @@ class Language:
     #: None for the python fork fast path, else the argv template.
     argv: tuple[str, ...] | None
     suffix: str = ""
+    #: The program that must be installed (default: argv[0]); else an infra_error.
+    needs: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +257,12 @@ def parse_language(name: str, entry: Any) -> Language:
         entry = {"argv": entry}
     if not isinstance(entry, dict):
         raise ValueError(f"language {name!r}: expected {PYTHON_FORK!r}, a list or an object")
-    argv, suffix = entry.get("argv"), entry.get("suffix", "")
+    argv, suffix, needs = entry.get("argv"), entry.get("suffix", ""), entry.get("needs")
     if not _is_str_list(argv) or not argv or not isinstance(suffix, str):
         raise ValueError(f"language {name!r}: argv must be a non-empty list of strings")
-    return Language(name, tuple(argv), suffix)
+    if needs is not None and not isinstance(needs, str):
+        raise ValueError(f"language {name!r}: needs must be a program name")
+    return Language(name, tuple(argv), suffix, needs)
 
 
 def parse_languages(override_json: str | None) -> dict[str, Language]:
@@ -590,17 +618,25 @@ def _signal_quietly(pid: int, sig: int, group: bool = False) -> bool:
     return True
 
 
-def reap_children() -> int:
-    """Reap every exited child of the agent without blocking; returns how many."""
-    reaped = 0
+def reap_children(keep: int = 0) -> list[int]:
+    """Reap exited children without blocking, never ``keep``; the pids reaped.
+
+    ``keep`` is a running exec's leader: unreaped, it holds its process group id, so
+    killing the group can never hit a recycled id.  Children queue oldest first, so
+    one behind an exited leader waits for the next call (once that exec is over).
+    As PID 1 (or a subreaper) the agent inherits every orphan of the sandbox: this
+    is the init's duty of reaping them.
+    """
+    reaped: list[int] = []
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return reaped
-        if pid == 0:
+        if info is None or info.si_pid in (0, keep):
             return reaped
-        reaped += 1
+        os.waitpid(info.si_pid, 0)
+        reaped.append(info.si_pid)
 
 
 def _proc_state(pid: int) -> str | None:
@@ -612,33 +648,156 @@ def _proc_state(pid: int) -> str | None:
     return line[line.rfind(b")") + 2 :][:1].decode() or None
 
 
-def live_strays(me: int) -> Iterator[int]:
-    """Every live (non-zombie) process in our PID namespace but PID 1 and the agent.
+def live_strays(spared: frozenset[int]) -> Iterator[int]:
+    """Every live (non-zombie) process in our PID namespace but PID 1 and ``spared``.
 
     Only used with --container, where the namespace is the sandbox's own.
     """
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in (1, me):
+        if name.isdigit() and int(name) != 1 and int(name) not in spared:
             state = _proc_state(int(name))
             if state is not None and state not in ("Z", "X"):
                 yield int(name)
 
 
-def kill_strays(deadline_s: float = KILL_WAIT_S) -> tuple[int, bool]:
-    """SIGKILL every stray until none is left: (distinct pids killed, all gone)."""
-    me, killed = os.getpid(), set[int]()
+def kill_strays(
+    spared: frozenset[int] = frozenset(),
+    on_reaped: Callable[[int], None] | None = None,
+    deadline_s: float = KILL_WAIT_S,
+) -> tuple[int, bool]:
+    """SIGKILL every stray until none is left: (distinct pids killed, all gone).
+
+    The agent itself is always spared; ``spared`` adds its helpers (zygote, spare).
+    ``on_reaped`` hears of every child reaped meanwhile.
+    """
+    spared |= {os.getpid()}
+    killed = set[int]()
     end = time.monotonic() + deadline_s
     while True:
-        alive = list(live_strays(me))
+        alive = list(live_strays(spared))
         if not alive:
             return len(killed), True
         for pid in alive:
             if _signal_quietly(pid, signal.SIGKILL):
                 killed.add(pid)
-        reap_children()
+        for pid in reap_children():
+            if on_reaped is not None:
+                on_reaped(pid)
         if time.monotonic() > end:
             return len(killed), False
         time.sleep(0.001)
+
+
+# --------------------------------------------------------------------------- hardening
+#
+# Code runs with the agent's uid, so the agent, the zygote and idle spares are made
+# non-dumpable: the kernel then refuses code ptrace and /proc/<pid>/mem on them.  On
+# top of that (and of Docker's profile: filters stack) the agent installs a seccomp
+# filter of its own, inherited by every process it starts, that answers EPERM to the
+# calls reaching into another process: ptrace, process_vm_readv/writev and
+# pidfd_getfd, plus prlimit64 on another process (a lowered hard limit of the agent,
+# zygote or a spare would outlive the task that set it).  x32 calls are refused
+# whole (nothing here uses that ABI).
+
+PR_SET_SECCOMP = 22
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_EPERM = 0x00050000 | errno.EPERM
+AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_I386 = 0x40000003
+AUDIT_ARCH_AARCH64 = 0xC00000B7
+AUDIT_ARCH_ARM = 0x40000028
+X32_SYSCALL_BIT = 0x40000000
+#: Per audit arch: (ptrace, process_vm_readv, process_vm_writev, pidfd_getfd), prlimit64.
+DENIED_SYSCALLS = {
+    AUDIT_ARCH_X86_64: ((101, 310, 311, 438), 302),
+    AUDIT_ARCH_I386: ((26, 347, 348, 438), 340),  # int 0x80 from a 64-bit process too
+    AUDIT_ARCH_AARCH64: ((117, 270, 271, 438), 261),
+    AUDIT_ARCH_ARM: ((26, 376, 377, 438), 369),
+}
+#: uname -m -> the audit arches its processes can make calls as (native, compat).
+MACHINE_ARCHES = {
+    "x86_64": (AUDIT_ARCH_X86_64, AUDIT_ARCH_I386),
+    "aarch64": (AUDIT_ARCH_AARCH64, AUDIT_ARCH_ARM),
+}
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+#: struct seccomp_data: the call's number, its arch, the low word of its first argument.
+SECCOMP_NR, SECCOMP_ARCH, SECCOMP_ARG0_LOW = 0, 4, 16
+BPF_INSN = struct.Struct("=HBBI")
+
+#: One BPF instruction (code, k, jump-if-true label, jump-if-false label), or a label.
+Insn = tuple[int, int, str | None, str | None] | str
+
+
+def assemble_bpf(program: list[Insn]) -> bytes:
+    """Classic BPF from instructions whose jumps name labels (forward only)."""
+    position, offsets = 0, {}
+    for item in program:
+        if isinstance(item, str):
+            offsets[item] = position
+        else:
+            position += 1
+    out, position = bytearray(), 0
+    for item in program:
+        if isinstance(item, str):
+            continue
+        code, k, if_true, if_false = item
+        jt = offsets[if_true] - position - 1 if if_true else 0
+        jf = offsets[if_false] - position - 1 if if_false else 0
+        out += BPF_INSN.pack(code, jt, jf, k)
+        position += 1
+    return bytes(out)
+
+
+def seccomp_program(machine: str) -> bytes | None:
+    """The filter for this machine's arches; None for a machine we have no table for."""
+    arches = MACHINE_ARCHES.get(machine)
+    if arches is None:
+        return None
+    program: list[Insn] = [(BPF_LD_W_ABS, SECCOMP_ARCH, None, None)]
+    program += [(BPF_JEQ_K, arch, f"arch-{arch}", None) for arch in arches]
+    program.append((BPF_RET_K, SECCOMP_RET_EPERM, None, None))  # any other arch
+    for arch in arches:
+        denied, prlimit64 = DENIED_SYSCALLS[arch]
+        program += [f"arch-{arch}", (BPF_LD_W_ABS, SECCOMP_NR, None, None)]
+        if arch == AUDIT_ARCH_X86_64:
+            program.append((BPF_JGE_K, X32_SYSCALL_BIT, "deny", None))
+        program += [(BPF_JEQ_K, nr, "deny", None) for nr in denied]
+        program += [(BPF_JEQ_K, prlimit64, "prlimit64", "allow")]
+    program += [
+        "prlimit64",
+        (BPF_LD_W_ABS, SECCOMP_ARG0_LOW, None, None),
+        (BPF_JEQ_K, 0, "allow", "deny"),  # pid 0 is the caller itself
+        "allow",
+        (BPF_RET_K, SECCOMP_RET_ALLOW, None, None),
+        "deny",
+        (BPF_RET_K, SECCOMP_RET_EPERM, None, None),
+    ]
+    return assemble_bpf(program)
+
+
+def install_seccomp_filter() -> str | None:
+    """Install the filter above on this process (and so its descendants); None, or why not."""
+    machine = os.uname().machine
+    program = seccomp_program(machine)
+    libc = load_libc()
+    if program is None or libc is None:
+        return f"no syscall table for {machine}" if libc else "no libc"
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    fprog = SockFprog(len(program) // BPF_INSN.size, program)
+    # Without no_new_privs an unprivileged process may not install a filter; Docker and
+    # bubblewrap set it already, the plain local backend gets it here.
+    if not prctl(PR_SET_NO_NEW_PRIVS, 1) or not prctl(
+        PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog)
+    ):
+        return os.strerror(ctypes.get_errno())
+    return None
 
 
 # --------------------------------------------------------------------------- the child
@@ -646,22 +805,31 @@ def kill_strays(deadline_s: float = KILL_WAIT_S) -> tuple[int, bool]:
 
 @dataclass(frozen=True, slots=True)
 class ChildPlan:
-    """What the forked child does: fds to wire up, where to run, what to run."""
+    """What a run's process does with its descriptors: where, under what limits, what.
 
-    stdin_fd: int
-    stdout_fd: int
-    stderr_fd: int
-    status_fd: int
-    max_fd: int
+    It travels from the agent to a spare (see the zygote below) as JSON, next to the
+    run's pipes: stdin, stdout, stderr and the status pipe, in that order.
+    """
+
     workdir: str
     env: dict[str, str]
     limits: Limits
     code: str | None
     argv: tuple[str, ...] | None
-    inherited: tuple[Any, ...] = field(default=())
-    #: libc prctl, to die with the agent (PR_SET_PDEATHSIG); None where unavailable.
-    prctl: Callable[..., int] | None = None
-    agent_pid: int = 0
+    agent_pid: int
+
+    def encode(self) -> bytes:
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        fields["limits"] = {name: getattr(self.limits, name) for name in Limits.__slots__}
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> ChildPlan:
+        fields = json.loads(body)
+        fields["limits"] = Limits(**fields["limits"])
+        if fields["argv"] is not None:
+            fields["argv"] = tuple(fields["argv"])
+        return cls(**fields)
 
 
 def _set_limit(which: int, value: int) -> None:
@@ -681,18 +849,18 @@ def apply_limits(limits: Limits) -> None:
         _set_limit(resource.RLIMIT_NPROC, limits.nproc)
 
 
-def _wire_fds(plan: ChildPlan) -> None:
-    """stdin/stdout/stderr onto 0/1/2, the status pipe onto 3 (close-on-exec), nothing else."""
-    for obj in plan.inherited:  # sockets, selectors: close our copies while their fds are theirs
+def _wire_fds(fds: list[int], inherited: tuple[Any, ...]) -> None:
+    """The run's pipes onto 0-3 (the status pipe close-on-exec), nothing else open."""
+    for obj in inherited:  # our socket objects: close them while their fds are still theirs
         try:
             obj.close()
         except OSError:
             pass
-    os.dup2(plan.stdin_fd, 0)
-    os.dup2(plan.stdout_fd, 1)
-    os.dup2(plan.stderr_fd, 2)
-    os.dup2(plan.status_fd, 3, inheritable=False)
-    os.closerange(4, plan.max_fd)
+    # Lift them clear of 0-3 first: a received fd may sit where another one must go.
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
+    for target, fd in enumerate(lifted):
+        os.dup2(fd, target, inheritable=target < 3)
+    os.closerange(4, max(os.sysconf("SC_OPEN_MAX"), 1024))
 
 
 def _reset_signals(python: bool) -> None:
@@ -704,29 +872,41 @@ def _reset_signals(python: bool) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 
 
+@functools.cache
 def load_libc() -> Any:
-    """libc through ctypes (standard library, but optional in minimal builds); None without."""
+    """libc through ctypes (standard library, but optional in minimal builds); None without.
+
+    Loaded once, by the agent before it forks the zygote, so no run pays for it.
+    """
     try:
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
     except (ImportError, OSError):
         return None
+    # Its arguments are unsigned longs: say so, or ctypes passes ints (and pointers) as C ints.
+    libc.prctl.argtypes = (ctypes.c_int, *[ctypes.c_ulong] * 4)
+    return libc
+
+
+def prctl(option: int, value: int, arg3: int = 0) -> bool:
+    """prctl(option, value, arg3, 0, 0); False where it failed or libc is not reachable."""
+    libc = load_libc()
+    return libc is not None and libc.prctl(option, value, arg3, 0, 0) == 0
 
 
 def _die_with_agent(plan: ChildPlan) -> None:
     """SIGKILL this child when the agent dies (an agent SIGKILL-ed on the host)."""
-    if plan.prctl is None:
+    if not prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
         return
-    plan.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != plan.agent_pid:  # the agent died before prctl took effect
         os._exit(SETUP_FAILED)
 
 
 def _enter(plan: ChildPlan) -> None:
     _die_with_agent(plan)
-    if plan.prctl is not None:
-        plan.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the agent is not dumpable; code is, as usual
+    # Spares are not dumpable (see the zygote); a run is, as usual: it holds only its own plan.
+    prctl(PR_SET_DUMPABLE, 1)
     os.chdir(plan.workdir)
     os.environ.clear()
     os.environ.update(plan.env)
@@ -803,14 +983,15 @@ def run_python(code: str) -> int:
     return status
 
 
-def run_child(plan: ChildPlan) -> NoReturn:
-    """The forked child: set up, then run Python in place or exec the binary. Never returns."""
-    python = plan.code is not None
-    status_fd = plan.status_fd
+def run_child(body: bytes, fds: list[int], inherited: tuple[Any, ...]) -> NoReturn:
+    """A spare becoming a run: set up, then run Python in place or exec the binary."""
+    status_fd = fds[3]
     try:
+        plan = ChildPlan.decode(body)
+        python = plan.code is not None
         _reset_signals(python)
         os.setsid()
-        _wire_fds(plan)
+        _wire_fds(fds, inherited)
         status_fd = 3
         _enter(plan)
     except BaseException as exc:
@@ -831,6 +1012,415 @@ def _report_setup_failure(status_fd: int, exc: BaseException) -> NoReturn:
         os.write(status_fd, f"child setup failed: {type(exc).__name__}: {exc}".encode())
     finally:
         os._exit(SETUP_FAILED)
+
+
+# --------------------------------------------------------------------------- the zygote
+#
+# A run's process is never a fork of the agent: the agent's heap still holds earlier
+# requests (code, files, output) after they are freed, and a fork would hand them to
+# the next task.  The zygote is forked from the agent before the agent reads any
+# request (or exec-ed afresh when it must be replaced), and never reads one itself:
+# it forks "spares", copies of its clean, preloaded interpreter, each waiting for one
+# run.  The agent sends a spare the run's plan and pipes over a socket pair, and the
+# spare becomes the run: its memory holds that run's plan and nothing earlier.
+#
+# A spare is the agent's own child, so the agent waits for it and kills its group as
+# for a child it forked itself: the zygote forks it with clone(CLONE_PARENT) (see
+# SiblingFork), or where that is unsure forks twice over and lets the middle process
+# exit, so that the spare goes to the agent (PID 1, or a subreaper).  The next spare
+# is asked for as soon as a reply is out, so a run pays for handing its plan over,
+# not for a fork.
+#
+# Zygote and spares run as the code's uid.  They are not dumpable, so code can neither
+# ptrace them nor write into them through /proc/<pid>/mem (and plant code in later
+# runs); a spare turns dumpable once it holds its own run only.  What code can still
+# do to them is signal them: a stopped one is continued before use, a dead one is
+# replaced.
+
+ZYGOTE_FLAG = "--zygote"
+#: Where an exec-ed zygote finds its control socket.
+ZYGOTE_FD = 3
+SPARE_PID = struct.Struct("=i")
+#: How long the agent waits for the zygote's answer (a fork or two; an exec-ed start-up).
+SPARE_WAIT_S = 5.0
+AGENT_FILE = os.path.abspath(__file__)
+
+
+def zygote_main(ctl: socket.socket, agent_pid: int) -> NoReturn:
+    """Fork a spare for each byte the agent sends on ctl; exit when it hangs up."""
+    prctl(PR_SET_DUMPABLE, 0)  # first thing: inherited when forked, not when exec-ed
+    if prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != agent_pid:
+        os._exit(0)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)  # no Python handler that a stray's signal could run
+    fork_sibling: Callable[[], int] = SiblingFork.probe() or MiddleFork()
+    gc.freeze()  # spares then never copy the zygote's objects in a GC pass
+    while True:
+        try:
+            if not ctl.recv(1):
+                break
+            pid, chan = _fork_spare(fork_sibling, ctl)
+            if chan is None:
+                ctl.sendall(SPARE_PID.pack(0))  # none this time (fork failed: the pids limit)
+                continue
+            with chan:
+                socket.send_fds(ctl, [SPARE_PID.pack(pid)], [chan.fileno()])
+        except OSError:
+            break
+    os._exit(0)
+
+
+def _fork_spare(
+    fork_sibling: Callable[[], int], ctl: socket.socket
+) -> tuple[int, socket.socket | None]:
+    """Fork a spare that is the agent's child: its pid and the agent's end of its socket pair."""
+    ours, theirs = socket.socketpair()
+    try:
+        spare = fork_sibling()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return 0, None
+    if spare == 0:
+        ctl.close()
+        ours.close()
+        spare_main(theirs)
+    theirs.close()
+    return spare, ours
+
+
+class MiddleFork:
+    """A sibling by forking twice: the middle process exits, its child goes to the agent
+    (PID 1, or a subreaper).  Costs a fork and an exit more than SiblingFork."""
+
+    def __init__(self) -> None:
+        self.pid_r, self.pid_w = os.pipe()
+        os.set_blocking(self.pid_r, False)
+
+    def __call__(self) -> int:
+        """The child's pid (0 in the child); OSError when a fork failed."""
+        middle = os.fork()
+        if middle == 0:
+            self._middle()  # returns in the grandchild only
+            return 0
+        os.waitpid(middle, 0)  # once it is gone, the grandchild is the agent's
+        try:
+            raw = os.read(self.pid_r, SPARE_PID.size)
+        except BlockingIOError:  # its fork failed
+            raw = b""
+        if len(raw) != SPARE_PID.size:
+            raise OSError(errno.EAGAIN, "the middle process could not fork")
+        return int(SPARE_PID.unpack(raw)[0])
+
+    def _middle(self) -> None:
+        try:
+            child = os.fork()
+            if child == 0:
+                os.close(self.pid_r)
+                os.close(self.pid_w)
+                return
+            os.write(self.pid_w, SPARE_PID.pack(child))
+        except BaseException:
+            pass
+        os._exit(0)
+
+
+#: uname -m -> clone, get_robust_list and set_robust_list, and whether clone takes its
+#: child_tid argument before tls (x86_64) or after it (the others).
+CLONE_CALLS = {"x86_64": (56, 274, 273, True), "aarch64": (220, 100, 99, False)}
+CLONE_PARENT = 0x00008000
+CLONE_CHILD_SETTID = 0x01000000
+#: glibc keeps a thread's id this far at most into its struct pthread (720 on 2.36),
+#: which is longer than that.
+TID_SCAN_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SiblingFork:
+    """fork(2) whose child is the caller's parent's child: clone(CLONE_PARENT).
+
+    Python has no clone(), so it goes through ctypes, with what os.fork() and glibc's
+    fork() do around the call: the interpreter's fork hooks (PyOS_*Fork*), the new
+    thread id stored where glibc keeps it (CLONE_CHILD_SETTID; the place is found once,
+    by ``probe``) and the robust futex list registered again.  ``probe`` gives None
+    wherever any of that is unsure, and the zygote forks twice instead (MiddleFork).
+    """
+
+    syscall: Callable[..., int]
+    clone_nr: int
+    set_robust_list_nr: int
+    child_tid_first: bool
+    tid_address: int
+    robust_head: int
+    robust_len: int
+
+    @classmethod
+    def probe(cls) -> SiblingFork | None:
+        calls = CLONE_CALLS.get(os.uname().machine)
+        if calls is None or load_libc() is None:
+            return None
+        import ctypes
+
+        syscall = ctypes.PyDLL(None, use_errno=True).syscall  # keeps the GIL, as os.fork
+        syscall.restype = ctypes.c_long
+        syscall.argtypes = [ctypes.c_long] * 6  # (variadic: longs, and always six)
+        pthread_self = load_libc().pthread_self
+        pthread_self.restype = ctypes.c_void_p
+        self_address = pthread_self()
+        head, length = ctypes.c_void_p(), ctypes.c_size_t()
+        got = syscall(calls[1], 0, ctypes.addressof(head), ctypes.addressof(length), 0, 0)
+        offset = _tid_offset(self_address) if self_address else None
+        if got != 0 or offset is None or not head.value:
+            return None
+        return cls(
+            syscall, calls[0], calls[2], calls[3], self_address + offset, head.value, length.value
+        )
+
+    def __call__(self) -> int:
+        """The child's pid (0 in the child); OSError when clone failed."""
+        import ctypes
+
+        flags = CLONE_PARENT | CLONE_CHILD_SETTID | signal.SIGCHLD
+        tids = (0, self.tid_address, 0) if self.child_tid_first else (0, 0, self.tid_address)
+        ctypes.pythonapi.PyOS_BeforeFork()
+        pid = self.syscall(self.clone_nr, flags, 0, *tids)
+        if pid == 0:
+            self.syscall(self.set_robust_list_nr, self.robust_head, self.robust_len, 0, 0, 0)
+            ctypes.pythonapi.PyOS_AfterFork_Child()
+            return 0
+        error = ctypes.get_errno()
+        ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid < 0:
+            raise OSError(error, f"clone: {os.strerror(error)}")
+        return int(pid)
+
+
+def _tid_offset(self_address: int) -> int | None:
+    """Where glibc keeps this (main) thread's id in its struct pthread, if sure.
+
+    Its id is the pid here; a child that glibc forked has its own pid there.  The one
+    place that holds both is the field: any other is a coincidence, and more than one
+    place (or none) means unsure.
+    """
+    import ctypes
+
+    def places(value: int) -> set[int]:
+        raw = ctypes.string_at(self_address, TID_SCAN_BYTES)
+        return {
+            at for at in range(0, TID_SCAN_BYTES, 4) if raw[at : at + 4] == SPARE_PID.pack(value)
+        }
+
+    here = places(os.getpid())
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.write(write_end, json.dumps(sorted(places(os.getpid()))).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with open(read_end, "rb") as answer:
+        there = answer.read()
+    os.waitpid(child, 0)
+    both = here & set(json.loads(there or b"[]"))
+    return both.pop() if len(both) == 1 else None
+
+
+def spare_main(chan: socket.socket) -> NoReturn:
+    """Wait for one run (its plan and pipes), then become it; exit if the agent hangs up."""
+    try:
+        received = _receive_run(chan)
+    except (OSError, ValueError):
+        received = None
+    if received is None:
+        os._exit(0)
+    run_child(*received, inherited=(chan,))
+
+
+def _receive_run(chan: socket.socket) -> tuple[bytes, list[int]] | None:
+    """A run's framed plan and its pipes; None when the agent hung up first."""
+    data, fds, _, _ = socket.recv_fds(chan, READ_CHUNK, len(RUN_PIPES))
+    if not data:
+        return None
+    if len(fds) != len(RUN_PIPES):
+        raise ValueError(f"{len(fds)} descriptors with the plan, not {len(RUN_PIPES)}")
+    buf = bytearray(data)
+    while len(buf) < HEADER.size or len(buf) < HEADER.size + HEADER.unpack_from(buf)[0]:
+        more = chan.recv(MAX_PLAN_CHUNK)
+        if not more:
+            raise ValueError("the plan was cut short")
+        buf += more
+    (length,) = HEADER.unpack_from(buf)
+    return bytes(buf[HEADER.size : HEADER.size + length]), fds
+
+
+def _exec_zygote(ctl: socket.socket, agent_pid: int) -> NoReturn:
+    """In a fork of the agent: replace its image (earlier requests in its heap) by a zygote."""
+    try:
+        os.dup2(ctl.fileno(), ZYGOTE_FD)
+        os.set_inheritable(ZYGOTE_FD, True)
+        os.closerange(ZYGOTE_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        flags = ["-B"] if sys.dont_write_bytecode else []
+        argv = [sys.executable, *flags, AGENT_FILE, ZYGOTE_FLAG, str(agent_pid)]
+        os.execv(sys.executable, argv)
+    finally:
+        os._exit(127)
+
+
+@dataclass(slots=True)
+class Spare:
+    pid: int
+    chan: socket.socket
+
+
+class Zygote:
+    """The agent's side of its zygote, and of the spare it holds ready."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.ctl: socket.socket | None = None
+        self.spare: Spare | None = None
+        #: Spares asked for whose answer is not read yet.
+        self.asked = 0
+        #: False for a zygote exec-ed while a task's processes may live: they could write
+        #: into it before it made itself non-dumpable.  Reset replaces it.
+        self.trusted = True
+
+    def start(self, fresh: bool, trusted: bool = True) -> None:
+        """Fork the zygote (only while the agent has read no request), or exec a fresh one."""
+        ours, theirs = socket.socketpair()
+        agent = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
+        if pid == 0:
+            ours.close()
+            if fresh:
+                _exec_zygote(theirs, agent)
+            zygote_main(theirs, agent)
+        theirs.close()
+        self.pid, self.ctl, self.asked, self.trusted = pid, ours, 0, trusted
+
+    def pids(self) -> frozenset[int]:
+        """The live helper processes: the zygote and the spare."""
+        return frozenset(p for p in (self.pid, self.spare.pid if self.spare else 0) if p)
+
+    def ask(self) -> None:
+        """Have the next spare made now (while the agent answers the host), unless one is."""
+        if self.spare is not None or self.asked or self.ctl is None:
+            return
+        try:
+            self.ctl.send(b"s")
+        except OSError:
+            self._lost()
+            return
+        self.asked += 1
+
+    def launch(self, plan: bytes, fds: list[int]) -> int:
+        """Hand a run's plan and pipes to a spare; its pid.  OSError if no spare would take it."""
+        frame = HEADER.pack(len(plan)) + plan
+        spare = self._take()
+        try:
+            sent = self._send_pipes(spare, frame, fds)
+        except OSError:  # it died waiting (a stray's signal), nothing delivered: a new one
+            spare = self._take()
+            sent = self._send_pipes(spare, frame, fds)
+        with spare.chan:  # once it has the pipes, never another: it may be running already
+            if sent < len(frame):
+                spare.chan.sendall(memoryview(frame)[sent:])
+        return spare.pid
+
+    def settle(self) -> None:
+        """Read the answer under way, so every helper process is known (before strays die)."""
+        if self.asked:
+            try:
+                self._collect()
+            except OSError:
+                self._lost()
+
+    def refresh(self) -> None:
+        """At reset, no task process left: replace a lost or untrusted zygote."""
+        if self.ctl is None or not self.trusted:
+            self.stop()
+            self.start(fresh=True)
+
+    def reaped(self, pid: int) -> None:
+        """A child of the agent was reaped: forget it if it was ours."""
+        if pid == self.pid:
+            self.pid = 0
+            self._lost()
+        elif self.spare is not None and pid == self.spare.pid:
+            self.spare.chan.close()
+            self.spare = None
+
+    def stop(self) -> None:
+        """Kill the zygote and the spare (the agent reaps them)."""
+        if self.spare is not None:
+            _signal_quietly(self.spare.pid, signal.SIGKILL)
+            self.spare.chan.close()
+            self.spare = None
+        self._lost()
+
+    # -- internals
+
+    def _take(self) -> Spare:
+        if self.spare is None:
+            if self.ctl is None:  # it died (a stray killed it): a fresh one, clean by exec
+                self.start(fresh=True, trusted=False)
+            self.ask()
+            try:
+                self._collect()
+            except OSError:
+                self._lost()
+                raise
+        if self.spare is None:
+            raise OSError(errno.EAGAIN, "the zygote could not fork (the pids limit?)")
+        spare, self.spare = self.spare, None
+        _signal_quietly(spare.pid, signal.SIGCONT)  # a stray may have stopped it
+        return spare
+
+    @staticmethod
+    def _send_pipes(spare: Spare, frame: bytes, fds: list[int]) -> int:
+        """Send the pipes with what of the frame fits; closes the spare's socket on failure."""
+        try:
+            spare.chan.settimeout(IO_TIMEOUT_S)
+            return socket.send_fds(spare.chan, [frame], fds)
+        except OSError:
+            spare.chan.close()
+            raise
+
+    def _collect(self) -> None:
+        """Read the zygote's answers to what was asked: a fork or two away."""
+        assert self.ctl is not None
+        _signal_quietly(self.pid, signal.SIGCONT)  # a stray may have stopped it
+        self.ctl.settimeout(SPARE_WAIT_S)
+        while self.asked:
+            data, fds, _, _ = socket.recv_fds(self.ctl, SPARE_PID.size, 1)
+            self.asked -= 1
+            if len(data) != SPARE_PID.size:
+                _close_all(fds)
+                raise ConnectionResetError(errno.ECONNRESET, "the zygote hung up")
+            pid = SPARE_PID.unpack(data)[0]
+            if pid and len(fds) == 1:
+                self.spare = Spare(pid, socket.socket(fileno=fds[0]))
+            else:
+                _close_all(fds)
+
+    def _lost(self) -> None:
+        """Drop the zygote (killed first: it may be alive but out of step)."""
+        if self.pid:
+            _signal_quietly(self.pid, signal.SIGKILL)
+        if self.ctl is not None:
+            self.ctl.close()
+        self.pid, self.ctl, self.asked = 0, None, 0
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- one execution
@@ -857,14 +1447,15 @@ STREAMS = ("stdout", "stderr")
 
 
 class Execution:
-    """One child: feed stdin, collect capped output, enforce the deadline, kill, reap.
+    """One run: feed stdin, collect capped output, enforce the deadline, kill, reap.
 
     The pipes are watched by name ("stdin", "stdout", "stderr", "status", "pidfd") in
     ``fds``; a name leaves ``fds`` when its fd is closed.
     """
 
-    def __init__(self, plan: ChildPlan, spec: ExecSpec, conn: socket.socket, container: bool):
-        self.plan, self.spec, self.conn, self.container = plan, spec, conn, container
+    def __init__(self, host: Agent, plan: ChildPlan, spec: ExecSpec, conn: socket.socket):
+        self.host, self.plan, self.spec, self.conn = host, plan, spec, conn
+        self.container = host.opts.container
         self.sel = selectors.DefaultSelector()
         self.fds: dict[str, int] = {}
         self.bufs = {name: bytearray() for name in STREAMS}
@@ -876,24 +1467,21 @@ class Execution:
         self.exited_at: float | None = None
         self.polling = True
 
-    def run(self, parent_ends: dict[str, int]) -> Outcome:
-        """parent_ends: our ends of the pipes by name (all fds are ours to close from here).
+    def run(self, parent_ends: dict[str, int], child_ends: list[int]) -> Outcome:
+        """parent_ends: our ends of the pipes by name; child_ends: the run's, in RUN_PIPES
+        order (all fds are ours to close from here).
 
-        Raises Cancelled when the host hung up; a failed fork is an infra_error outcome.
+        Raises Cancelled when the host hung up; a run that cannot start is infra_error.
         """
         start = time.monotonic()
         try:
-            self.pid = os.fork()
+            self.pid = self.host.zygote.launch(self.plan.encode(), child_ends)
         except OSError as exc:  # EAGAIN: the pids limit
             self.sel.close()
-            self._close_child_ends()
-            for fd in parent_ends.values():
-                os.close(fd)
-            return Outcome("infra_error", error=f"fork failed: {exc}")
-        if self.pid == 0:
-            run_child(self.plan)
+            _close_all([*child_ends, *parent_ends.values()])
+            return Outcome("infra_error", error=f"cannot start the run: {exc}")
         try:
-            self._close_child_ends()
+            _close_all(child_ends)
             self._watch_all(parent_ends)
             self._loop(start + self.spec.timeout_s)
             duration = (self.exited_at or time.monotonic()) - start
@@ -905,11 +1493,6 @@ class Execution:
         return self._outcome(wait_status, duration)
 
     # -- setup
-
-    def _close_child_ends(self) -> None:
-        p = self.plan
-        for fd in (p.stdin_fd, p.stdout_fd, p.stderr_fd, p.status_fd):
-            os.close(fd)
 
     def _watch(self, name: str, fd: int, events: int) -> None:
         os.set_blocking(fd, False)
@@ -929,6 +1512,7 @@ class Execution:
         else:
             os.close(ends["stdin"])
         self.sel.register(self.conn, selectors.EVENT_READ, "conn")
+        self.sel.register(self.host.wake_fd, selectors.EVENT_READ, "wake")
         try:
             self._watch("pidfd", os.pidfd_open(self.pid), selectors.EVENT_READ)
         except (AttributeError, OSError):  # old kernel or seccomp: poll waitid instead
@@ -966,6 +1550,8 @@ class Execution:
             self._check_exit()
         elif name == "conn":
             self._check_conn()
+        elif name == "wake":  # SIGCHLD: reap orphans now, not after the run (pids limit)
+            self.host.on_wake(keep=self.pid)
 
     def _read_output(self, name: str) -> None:
         try:
@@ -1036,7 +1622,7 @@ class Execution:
         _, status = os.waitpid(self.pid, 0)  # before kill_strays, which reaps any child
         self.pid = 0
         if self.container and (self.reason is not None or any(s in self.fds for s in STREAMS)):
-            kill_strays()
+            kill_strays(self.host.zygote.pids(), self.host.zygote.reaped)
         self._drain()
         return status
 
@@ -1097,15 +1683,19 @@ class Execution:
 class Agent:
     """Accepts connections and answers requests, one at a time."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, zygote: Zygote):
         self.opts = opts
+        self.zygote = zygote
         self.listener: socket.socket | None = None
         self.sel = selectors.DefaultSelector()
         self.conns: set[socket.socket] = set()
-        self.max_fd = max(os.sysconf("SC_OPEN_MAX"), 1024)
         self.code_counter = 0
-        self.libc = load_libc()
-        self.prctl = getattr(self.libc, "prctl", None)
+        self.sched_baseline = sched_state(os.getpid())
+        # SIGCHLD writes a byte here (see watch_children): orphans are reaped at once.
+        self.wake_fd, self._wake_w = os.pipe()
+        for fd in (self.wake_fd, self._wake_w):
+            os.set_blocking(fd, False)
+        self.sel.register(self.wake_fd, selectors.EVENT_READ, "wake")
 
     # -- lifecycle
 
@@ -1137,16 +1727,40 @@ class Agent:
             raise SystemExit(f"agent: {path} exists and is not a socket")
         os.unlink(path)
 
+    def watch_children(self) -> None:
+        """Wake on SIGCHLD: as PID 1 (or a subreaper) the agent reaps every orphan."""
+        signal.signal(signal.SIGCHLD, _ignore_signal)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+
+    def on_wake(self, keep: int = 0) -> None:
+        """A signal came: drain the wake-up pipe, reap what exited (never ``keep``)."""
+        try:
+            while os.read(self.wake_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        self.reap(keep)
+
+    def reap(self, keep: int = 0) -> None:
+        for pid in reap_children(keep):
+            self.zygote.reaped(pid)
+
     def serve_forever(self) -> None:
         while True:
             for key, _ in self.sel.select(timeout=1.0):
                 if key.fileobj is self.listener:
                     self._accept()
+                elif key.data == "wake":
+                    self.on_wake()
                 else:
                     self._serve_request(key.fileobj)  # type: ignore[arg-type]
-            reap_children()
+                    # The next run's spare is forked now: after the reply went out (it
+                    # does not wait for the fork), and well before the next request.
+                    self.zygote.ask()
+            self.reap()
 
     def close(self) -> None:
+        self.zygote.stop()
         for conn in list(self.conns):
             self._drop_conn(conn)
         if self.listener is not None:
@@ -1247,18 +1861,40 @@ class Agent:
         return {"ok": True, "pid": os.getpid(), "version": VERSION, "languages": languages}
 
     def reset(self) -> dict[str, Any]:
-        killed, clean = kill_strays() if self.opts.container else (0, True)
-        reap_children()
+        zygote = self.zygote
+        zygote.settle()
+        killed, clean = 0, True
+        if self.opts.container:
+            spared = zygote.pids() if zygote.trusted else frozenset()
+            killed, clean = kill_strays(spared, zygote.reaped)
+        self.reap()
         if not clean:
             return {"ok": False, "error": "reset: processes survived SIGKILL", "killed": killed}
+        tampered = self._tampered() if self.opts.container else None
+        if tampered is not None:
+            return {"ok": False, "error": f"reset: {tampered}", "killed": killed}
         try:
+            zygote.refresh()
             os.makedirs(self.opts.workdir, mode=0o700, exist_ok=True)  # code may have removed it
             empty_dir(self.opts.workdir)
             if self.opts.container:
-                wipe_container_scratch(self.libc)
+                wipe_container_scratch(load_libc())
         except (OSError, RecursionError) as exc:
             return {"ok": False, "error": f"reset: cannot clean up after the task: {exc}"}
         return {"ok": True, "killed": killed}
+
+    def _tampered(self) -> str | None:
+        """Why the agent and its helpers are no longer fit to serve, if code made them so.
+
+        Code shares their uid: it may renice them, change their scheduling policy or CPU
+        affinity (a zygote's pass to every later run).  Nothing in this uid can undo a
+        raised nice value, so the sandbox is recycled (the host reads a failed reset so).
+        """
+        for pid in (os.getpid(), *self.zygote.pids()):
+            state = sched_state(pid)
+            if state is not None and state != self.sched_baseline:
+                return f"the scheduling of process {pid} was changed: {state}"
+        return None
 
     def exec(self, conn: socket.socket, spec: ExecSpec) -> dict[str, Any]:
         code_file: str | None = None
@@ -1272,21 +1908,21 @@ class Agent:
             outcome = Outcome("infra_error", error=f"{type(exc).__name__}: {exc}")
         finally:
             if code_file is not None:
-                _remove_quietly(code_file)
-                _remove_quietly(os.path.dirname(code_file), directory=True)
-            reap_children()
+                _remove_scratch(os.path.dirname(code_file))
+            self.reap()
         return encode_outcome(spec.id, outcome)
 
     def _command(self, spec: ExecSpec) -> tuple[tuple[str, ...] | None, str | None]:
-        """argv to exec (None: python fork path) and the code file to remove afterwards."""
+        """argv to exec (None: Python runs in the spare) and the code file to remove afterwards."""
         if spec.argv is not None:
             return spec.argv, None
         language = spec.language
         assert language is not None and spec.code is not None
         if language.argv is None:
             return None, None
-        if shutil.which(language.argv[0], path=spec.env.get("PATH", DEFAULT_PATH)) is None:
-            raise OSError(errno.ENOENT, f"{language.name} interpreter not found", language.argv[0])
+        program = language.needs or language.argv[0]
+        if shutil.which(program, path=spec.env.get("PATH", DEFAULT_PATH)) is None:
+            raise OSError(errno.ENOENT, f"{language.name}: {program} not installed", program)
         self.code_counter += 1
         rel = os.path.join(CODE_DIR, f"code-{self.code_counter}{language.suffix}")
         write_files(self.opts.workdir, {rel: spec.code.encode()})
@@ -1299,26 +1935,16 @@ class Agent:
     ) -> Outcome:
         (stdin_r, stdin_w), (out_r, out_w), (err_r, err_w), (status_r, status_w) = open_pipes(4)
         plan = ChildPlan(
-            stdin_fd=stdin_r,
-            stdout_fd=out_w,
-            stderr_fd=err_w,
-            status_fd=status_w,
-            max_fd=self.max_fd,
-            prctl=self.prctl,
-            agent_pid=os.getpid(),
             workdir=self.opts.workdir,
             env=self._child_env(spec),
             limits=spec.limits,
             code=spec.code if argv is None else None,
             argv=argv,
-            inherited=(self.sel, *self.conns, *([self.listener] if self.listener else [])),
+            agent_pid=os.getpid(),
         )
         ends = {"stdin": stdin_w, "stdout": out_r, "stderr": err_r, "status": status_r}
-        try:
-            sys.stderr.flush()  # or the child could flush the agent's buffered text into its pipes
-        except (OSError, ValueError):
-            pass
-        return Execution(plan, spec, conn, self.opts.container).run(ends)
+        child_ends = [stdin_r, out_w, err_w, status_w]  # in RUN_PIPES order
+        return Execution(self, plan, spec, conn).run(ends, child_ends)
 
     def _child_env(self, spec: ExecSpec) -> dict[str, str]:
         env = {
@@ -1346,10 +1972,24 @@ def encode_outcome(exec_id: str, o: Outcome) -> dict[str, Any]:
     }
 
 
-def _remove_quietly(path: str, directory: bool = False) -> None:
+def sched_state(pid: int) -> tuple[int, int, frozenset[int]] | None:
+    """A process's (nice value, scheduling policy, CPU affinity); None once it is gone."""
     try:
-        (os.rmdir if directory else os.unlink)(path)
+        return (
+            os.getpriority(os.PRIO_PROCESS, pid),
+            os.sched_getscheduler(pid),
+            frozenset(os.sched_getaffinity(pid)),
+        )
     except OSError:
+        return None
+
+
+def _remove_scratch(path: str) -> None:
+    """Remove the code directory with what a run built there; reset sees to anything left."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            remove_tree(path)
+    except (OSError, RecursionError):
         pass
 
 
@@ -1371,6 +2011,10 @@ def _on_signal(signum: int, _frame: types.FrameType | None) -> None:
     raise Terminated(signum)
 
 
+def _ignore_signal(_signum: int, _frame: types.FrameType | None) -> None:
+    """SIGCHLD's handler: its only job is the byte the wake-up fd gets."""
+
+
 def log(message: str) -> None:
     try:
         print(f"temper-agent[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
@@ -1378,25 +2022,43 @@ def log(message: str) -> None:
         pass
 
 
+def harden() -> None:
+    """Keep code (same uid) out of the agent and its helpers; see "Hardening" above."""
+    if not prctl(PR_SET_DUMPABLE, 0):  # no ptrace, no /proc/<agent>/mem for code
+        log("cannot make the agent non-dumpable (no libc?)")
+    # Spares are orphaned to the agent (see the zygote): as PID 1 it is their reaper
+    # anyway; elsewhere (the local backends) it must ask to be.
+    if not prctl(PR_SET_CHILD_SUBREAPER, 1) and os.getpid() != 1:
+        log("cannot become a subreaper: runs will not start")
+    why_not = install_seccomp_filter()
+    if why_not is not None:
+        log(f"no seccomp filter of our own ({why_not}); helpers stay non-dumpable")
+
+
 def main(argv: list[str] | None = None) -> int:
-    opts = parse_options(argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == [ZYGOTE_FLAG]:  # a replacement zygote, exec-ed by the agent
+        zygote_main(socket.socket(fileno=ZYGOTE_FD), int(args[1]))
+    opts = parse_options(args)
     if opts.container and 1 not in (os.getpid(), os.getppid()):
-        # --container kills every process it can see: only where PID 1 is our init.
+        # --container kills every process it can see: only where PID 1 is ours.
         log("refusing --container: the agent is neither PID 1 nor its child (not a container?)")
         return 2
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    # Executions get a fresh environment each; keeping the agent's own small makes the
-    # forked child's rebuild cheap.
+    # Runs get a fresh environment each; the agent's own stays small.
     os.environ.clear()
     os.environ.update({"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
-    agent = Agent(opts)
-    if agent.prctl is not None:
-        agent.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/<agent>/mem for code
+    harden()
+    zygote = Zygote()
+    zygote.start(fresh=False)  # forked before any request is read: nothing to leak
+    zygote.ask()
+    agent = Agent(opts, zygote)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    agent.watch_children()
     try:
         agent.listen()
         log(f"listening on {opts.socket_path} (workdir {opts.workdir}, v{VERSION})")
-        gc.freeze()  # forked children then do not touch (copy) the agent's objects in a GC pass
+        gc.freeze()  # the agent's long-lived objects leave the GC's generations
         agent.serve_forever()
     except Terminated:
         pass

@@ -216,6 +216,11 @@ class AgentClient:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def dead(self) -> bool:
+        """Closed, or the agent hung up (seen without a request: the transport reads ahead)."""
+        return self._closed or self._reader.at_eof()
+
     async def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
         """{"ok": true, "pid": N, "version": 1, "languages": [...]}."""
         return await self._request("ping", {"op": "ping"}, timeout_s)

@@ -2,8 +2,8 @@
 
 Each container: no network, read-only root, a size-capped tmpfs work directory,
 memory (= memory+swap), pids and CPU limits, every capability dropped,
-no-new-privileges, a non-root user, an init process, a nofile ulimit.  The pool
-talks to the agent over a unix socket in a bind-mounted directory.  Containers
+no-new-privileges, a non-root user, the agent as its init (PID 1), a nofile ulimit.
+The pool talks to the agent over a unix socket in a bind-mounted directory.  Containers
 carry the owner's host and pid in a label, so a restarted service reaps what a
 crashed one left behind.
 """
@@ -76,6 +76,8 @@ class DockerBackend(WarmPool):
     def __init__(self, settings: SandboxSettings) -> None:
         super().__init__(settings)
         self._docker: aiodocker.Docker | None = None
+        #: Each container's cgroup counters when last read.
+        self._counters: dict[str, cgroups.Counters] = {}
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -118,29 +120,44 @@ class DockerBackend(WarmPool):
             self._docker = None
 
     async def execute(self, box: Box, request: ExecRequest, limits: Limits) -> Outcome:
-        before = cgroups.read(box.id)
         try:
             reply = await self._run_agent(box, request, limits)
         except AgentError as error:
-            return await self._agent_lost(box, request, before, error)
+            return await self._agent_lost(box, request, error)
         if isinstance(reply, Outcome):
             return reply
         status = agent_status(reply)
-        after = cgroups.read(box.id)
-        if after.oom_kills > before.oom_kills and status in _MAYBE_OOM:
+        # Only a kill or a failure can be the OOM killer's doing: the cgroup is read for
+        # those now, for the others once the reply is out (at release; see _inspect).
+        if status in _MAYBE_OOM and self._news(box).oom_kills:
             status = SandboxStatus.OOM
-        if status in _SPOILING or after.pids_max_hits > before.pids_max_hits:
+        if status in _SPOILING:
             box.spoiled = status.value
-        elif after.oom_kills > before.oom_kills:
-            box.spoiled = "oom in a child"  # the run survived it; the container is still replaced
         return Outcome(reply=reply, status=status, error=reply.error)
 
-    async def _agent_lost(
-        self, box: Box, request: ExecRequest, before: cgroups.Counters, error: AgentError
-    ) -> Outcome:
-        """The agent died mid-exec: the code killed it (or PID 1), or the kernel did (OOM)."""
+    def _inspect(self, box: Box) -> None:
+        self._news(box)
+
+    def _news(self, box: Box) -> cgroups.Counters:
+        """What the cgroup counted since it was last read; any OOM kill or pids-limit hit
+        (of the run, or of a child it survived) spoils the container."""
+        now = cgroups.read(box.id)
+        seen = self._counters.get(box.id, cgroups.Counters())
+        self._counters[box.id] = now
+        news = cgroups.Counters(
+            oom_kills=now.oom_kills - seen.oom_kills,
+            pids_max_hits=now.pids_max_hits - seen.pids_max_hits,
+        )
+        if box.spoiled is None and news.pids_max_hits:
+            box.spoiled = "pids limit hit"
+        elif box.spoiled is None and news.oom_kills:
+            box.spoiled = "oom"
+        return news
+
+    async def _agent_lost(self, box: Box, request: ExecRequest, error: AgentError) -> Outcome:
+        """The agent (PID 1) went away mid-exec: SIGTERM from the code, or the kernel (OOM)."""
         box.spoiled = "agent lost"
-        if cgroups.read(box.id).oom_kills > before.oom_kills:
+        if self._news(box).oom_kills:
             return failed(
                 request, SandboxStatus.OOM, "out of memory; the sandbox agent was killed", 0.0
             )
@@ -151,7 +168,7 @@ class DockerBackend(WarmPool):
             return failed(request, SandboxStatus.INFRA_ERROR, "the sandbox container vanished", 0.0)
         if state.get("Running"):
             return failed(request, SandboxStatus.KILLED, f"the sandbox agent died: {error}", 0.0)
-        return failed(request, SandboxStatus.KILLED, "the sandbox's init process was killed", 0.0)
+        return failed(request, SandboxStatus.KILLED, "the sandbox agent (PID 1) exited", 0.0)
 
     async def _spawn(self, limits: Limits) -> Box:
         name = f"temper-sbx-{uuid.uuid4().hex[:12]}"
@@ -215,7 +232,9 @@ class DockerBackend(WarmPool):
                 "NanoCpus": int(limits.cpus * 1e9),
                 "CapDrop": ["ALL"],
                 "SecurityOpt": ["no-new-privileges"],
-                "Init": True,
+                # The agent is PID 1 itself, not docker-init: an init of the code's uid that
+                # code could ptrace, and that reset spares, would let code outlive its task.
+                "Init": False,
                 "Ulimits": [{"Name": "nofile", "Soft": nofile, "Hard": nofile}],
                 "Binds": [f"{socket_dir}:{SOCKET_DIR_IN_CONTAINER}"],
             },
@@ -236,6 +255,7 @@ class DockerBackend(WarmPool):
         return dict(info.get("State", {}))
 
     async def _destroy(self, box: Box) -> None:
+        self._counters.pop(box.id, None)
         await self._remove(box.id, str(box.extra.get("name", "")))
 
     async def _remove(self, container_id: str, name: str) -> None:

@@ -1,8 +1,8 @@
 """Local backend for machines without Docker: the same agent, under bubblewrap or bare.
 
-``bwrap``: every namespace unshared (no network, own pids, mounts, IPC, UTS),
-only system directories visible read-only, a private work directory, the
-agent's rlimits.  ``subprocess``: the agent as a plain child with rlimits; it can
+``bwrap``: every namespace unshared (no network, own pids, mounts, IPC, UTS), the
+agent as PID 1, only system directories visible read-only, a private work directory,
+the agent's rlimits.  ``subprocess``: the agent as a plain child with rlimits; it can
 read the host's files and reach its network: weak isolation, for development.
 """
 
@@ -115,6 +115,9 @@ class LocalBackend(WarmPool):
         return [
             "bwrap",
             "--unshare-all",
+            # The agent is the namespace's PID 1, as in a container: bwrap's own init
+            # would run with the code's uid, dumpable, and outlive every reset.
+            "--as-pid-1",
             "--die-with-parent",
             "--new-session",
             *binds,

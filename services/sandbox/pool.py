@@ -5,13 +5,24 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from protocol.messages import SandboxStatus
 from services.runtime.logs import get_logger
-from services.sandbox.agent_client import AgentError, AgentTimeout, ExecReply, ExecRequest
+from services.sandbox.agent_client import (
+    AgentError,
+    AgentTimeout,
+    AgentUnavailable,
+    ExecReply,
+    ExecRequest,
+)
 from services.sandbox.backend import Box, Outcome, SandboxUnavailable
 from services.sandbox.limits import container_shape
 from services.sandbox.settings import Limits, SandboxSettings
+
+#: An idle agent answers a ping in about a millisecond; this is for a loaded machine.
+HEALTH_PING_TIMEOUT_S = 5.0
 
 
 class WarmPool(abc.ABC):
@@ -31,6 +42,7 @@ class WarmPool(abc.ABC):
         self._wanted = asyncio.Event()
         self._boxes: dict[str, Box] = {}
         self._default_shape = container_shape(settings.defaults)
+        self._chores: set[asyncio.Task[None]] = set()
         self._log = get_logger(component=f"{self.name}-backend")
         self.created = 0
         self.recycled = 0
@@ -50,9 +62,18 @@ class WarmPool(abc.ABC):
         """End a sandbox whose agent does not answer (the outer watchdog)."""
         await self._destroy(box)
 
+    def _inspect(self, box: Box) -> None:  # noqa: B027 (optional hook: nothing to check here)
+        """Before a used sandbox is reset: set ``spoiled`` if it must not be reused."""
+
     # ---------------------------------------------------------------- pool
 
     async def maintain(self) -> None:
+        """Keep ``pool_size`` warm sandboxes, and the idle ones alive (see _sweep)."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._refill())
+            group.create_task(self._sweep())
+
+    async def _refill(self) -> None:
         """Keep ``pool_size`` warm sandboxes, creating at most ``max_creates`` at once."""
         self._wanted.set()
         while True:
@@ -95,7 +116,13 @@ class WarmPool(abc.ABC):
         if container_shape(limits) != self._default_shape:
             return await self._create(limits)  # unusual limits: a dedicated sandbox
         try:
-            return await asyncio.wait_for(self._idle.get(), timeout=self.settings.acquire_timeout_s)
+            async with asyncio.timeout(self.settings.acquire_timeout_s):
+                while True:
+                    box = await self._idle.get()
+                    if not box.agent.dead:
+                        return box
+                    # Its agent hung up while it waited (the container died): another one.
+                    self._chore(self._retire(box, "its agent hung up while idle"))
         except TimeoutError:
             raise SandboxUnavailable(
                 f"no sandbox free within {self.settings.acquire_timeout_s}s"
@@ -104,6 +131,7 @@ class WarmPool(abc.ABC):
             self._wanted.set()
 
     async def release(self, box: Box) -> None:
+        self._inspect(box)
         worn = box.uses >= self.settings.max_uses or box.shape != self._default_shape
         if box.spoiled is None and not worn:
             try:
@@ -127,8 +155,45 @@ class WarmPool(abc.ABC):
         self.recycled += 1
 
     async def close(self) -> None:
+        await asyncio.gather(*self._chores, return_exceptions=True)
         boxes = list(self._boxes.values())
         await asyncio.gather(*(self._discard(box) for box in boxes), return_exceptions=True)
+
+    # ---------------------------------------------------------------- health
+
+    async def _sweep(self) -> None:
+        """Every ``health_interval_s``: replace idle sandboxes that died (the container
+        was killed, the agent hangs) before a request meets one and fails for it."""
+        interval = self.settings.health_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            idle = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
+            await asyncio.gather(*(self._check(box) for box in idle))
+
+    async def _check(self, box: Box) -> None:
+        """Back to the idle queue once its agent answers a ping (at once), else replaced."""
+        try:
+            if box.agent.dead:
+                raise AgentUnavailable(box.agent.path, "connection closed")
+            await box.agent.ping(timeout_s=HEALTH_PING_TIMEOUT_S)
+        except AgentError as error:
+            await self._retire(box, f"dead while idle: {error}")
+            return
+        self._idle.put_nowait(box)
+
+    async def _retire(self, box: Box, reason: str) -> None:
+        box.spoiled = reason
+        self._log.warning("sandbox_replaced", sandbox=box.id[:12], reason=reason)
+        await self._discard(box)
+        self._wanted.set()
+
+    def _chore(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run in the background, off the request's path; close() waits for it."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
 
     # ---------------------------------------------------------------- execution
 

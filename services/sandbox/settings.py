@@ -31,8 +31,10 @@ class SandboxSettings:
     pool_size: int = 4
     #: Container creations at once (each costs a core for a moment).
     max_creates: int = 2
-    #: Recycle a sandbox after this many uses (reset in between).
-    max_uses: int = 100
+    #: Recycle a sandbox after this many uses (reset in between).  Runs never see each
+    #: other (reset, and each run a clean spare of the agent's zygote), so this bounds
+    #: only slow drift; a replacement costs the CPU of dozens of runs.
+    max_uses: int = 1000
     #: Per-container socket directories live here (bind-mounted into the containers).
     state_dir: Path = Path("/tmp/temper-sandbox")
     snapshot_dir: Path = Path("/tmp/temper-sandbox/snapshots")
@@ -47,12 +49,14 @@ class SandboxSettings:
             disk_mb=1024,
         )
     )
-    languages: tuple[str, ...] = ("python", "bash", "sh")
+    languages: tuple[str, ...] = ("python", "bash", "sh", "c")
     max_code_bytes: int = 1 << 20
     #: How long a request may wait for a free sandbox before an ``unavailable`` error.
     acquire_timeout_s: float = 30.0
     #: Outer watchdog: kill the sandbox if the agent has not answered this long after the timeout.
     watchdog_grace_s: float = 3.0
+    #: Ping idle sandboxes this often and replace dead ones (0: never).
+    health_interval_s: float = 5.0
     session_ttl_s: float = 300.0
     max_sessions: int = 64
     #: Concurrent executions served by one instance.

@@ -227,6 +227,49 @@ async def test_a_vanished_container_is_an_infra_error(
     assert (await run(nc, "print(2)")).stdout == "2\n"
 
 
+async def test_an_idle_sandbox_that_died_is_skipped(
+    nats_url: str, tmp_path: Path, sandbox_image: str
+) -> None:
+    # No health sweep here: acquiring sees the dead agent's closed connection by itself.
+    service = SandboxService(
+        settings(nats_url, tmp_path, "docker", sandbox_image, health_interval_s=0)
+    )
+    async with service, client(nats_url) as nc:
+        await wait_warm(service, 2)
+        dead = next(iter(service.backend._boxes.values()))  # type: ignore[attr-defined]
+        async with aiodocker.Docker() as docker:
+            await docker.containers.container(dead.id).kill()
+        await asyncio.sleep(0.3)  # the kernel closes its socket; the loop reads the EOF
+        for _ in range(4):  # each of them would have met the dead one without the check
+            result = await run(nc, "print(3)")
+            assert (result.status, result.stdout) == (SandboxStatus.OK, "3\n"), result
+        await wait_warm(service, 2)
+        assert dead.id not in service.backend._boxes  # type: ignore[attr-defined]
+
+
+async def test_the_health_sweep_replaces_dead_and_hung_idle_sandboxes(
+    nats_url: str, tmp_path: Path, sandbox_image: str
+) -> None:
+    service = SandboxService(
+        settings(nats_url, tmp_path, "docker", sandbox_image, health_interval_s=0.2)
+    )
+    async with service, client(nats_url) as nc:
+        await wait_warm(service, 2)
+        killed, frozen = list(service.backend._boxes.values())  # type: ignore[attr-defined]
+        async with aiodocker.Docker() as docker:
+            await docker.containers.container(killed.id).kill()  # its agent hangs up
+            await docker.containers.container(frozen.id).pause()  # only a ping tells
+            async with asyncio.timeout(30):
+                while {killed.id, frozen.id} & set(service.backend._boxes):  # type: ignore[attr-defined]
+                    await asyncio.sleep(0.05)
+            gone = await docker.containers.list(all=True, filters={"id": [killed.id, frozen.id]})
+            assert gone == []
+        await wait_warm(service, 2)
+        assert service.backend.statistics()["sandboxes_recycled"] == 2
+        result = await run(nc, "print(4)")
+        assert (result.status, result.stdout) == (SandboxStatus.OK, "4\n"), result
+
+
 @pytest.mark.parametrize("backend", ["bwrap", "subprocess"])
 async def test_local_backends_serve_the_same_api(
     nats_url: str, tmp_path: Path, backend: str
@@ -238,6 +281,8 @@ async def test_local_backends_serve_the_same_api(
         slow = await run(nc, "import time; time.sleep(30)", limits=SandboxLimits(timeout_s=0.3))
         assert slow.status is SandboxStatus.TIMEOUT
         assert (await run(nc, "echo ok", language="bash")).stdout == "ok\n"
+        if backend == "bwrap":  # the agent is its namespace's init, as in a container
+            assert (await run(nc, "import os; print(os.getppid())")).stdout == "1\n"
 
 
 def _dead_pid() -> int:
@@ -276,6 +321,18 @@ async def test_a_snapshot_restores_a_session_elsewhere(
 
     missing = await ask(nc, SandboxOpen(id="m", snapshot="f" * 32), subjects.sandbox_session())
     assert isinstance(missing, ErrorReply) and missing.field == "$.snapshot"
+
+
+async def test_c_is_compiled_and_run(docker_sandbox: tuple[SandboxService, NATS]) -> None:
+    _, nc = docker_sandbox
+    code = (
+        "#include <stdio.h>\n#include <math.h>\n"
+        'int main(void) { printf("%.4f\\n", sqrt(2.0)); return 0; }\n'
+    )
+    result = await run(nc, code, language="c")
+    assert (result.status, result.stdout) == (SandboxStatus.OK, "1.4142\n"), result
+    broken = await run(nc, "int main( {", language="c")
+    assert broken.status is SandboxStatus.NONZERO_EXIT and "error" in broken.stderr, broken
 
 
 async def test_a_program_built_in_the_workdir_can_run(

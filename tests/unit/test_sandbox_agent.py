@@ -147,6 +147,16 @@ def children_of(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+async def helpers_of(agent: RunningAgent, count: int = 2) -> list[int]:
+    """The agent's live children once there are ``count`` (the zygote and a spare)."""
+    for _ in range(500):
+        found = [pid for pid, state in children_of(agent.proc.pid) if state != "Z"]
+        if len(found) == count:
+            return found
+        await asyncio.sleep(0.01)
+    return found
+
+
 # --------------------------------------------------------------------------- basics
 
 
@@ -518,7 +528,8 @@ async def test_no_zombies_after_many_execs(client: AgentClient, agent: RunningAg
         reply = await run(client, id=f"z{i}", code="print(1)")
         assert reply.status is SandboxStatus.OK
     await run(client, language="bash", code="sleep 0.01 & true")
-    assert children_of(agent.proc.pid) == []
+    assert not [pid for pid, state in children_of(agent.proc.pid) if state == "Z"]
+    assert len(await helpers_of(agent)) == 2, "only the zygote and the next run's spare"
 
 
 async def test_agent_death_is_unavailable(agent: RunningAgent) -> None:
@@ -551,7 +562,7 @@ async def test_language_table_override(tmp_path: Path) -> None:
     table = json.dumps({"py-spawn": ["python3", "-I", "{file}"], "sh": None})
     with start_agent(tmp_path, "--languages", table) as running:
         async with await AgentClient.connect(running.socket, timeout_s=10.0) as c:
-            assert set((await c.ping())["languages"]) == {"bash", "python", "py-spawn"}
+            assert set((await c.ping())["languages"]) == {"bash", "c", "python", "py-spawn"}
             reply = await run(c, language="py-spawn", code="import os; print(os.getppid() > 1)")
             assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"True\n")
             with pytest.raises(AgentRejected, match="unknown language"):
@@ -634,3 +645,234 @@ async def test_client_refuses_a_misbehaving_agent(reply: bytes) -> None:
             assert client.closed
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- runs apart
+
+#: Counts the secret in this process's writable memory, never holding it whole itself:
+#: its two halves arrive reversed and stay apart.
+MEMORY_SCAN = """
+import ctypes
+head, tail = HEAD[::-1].encode(), TAIL[::-1].encode()
+found = 0
+for line in open("/proc/self/maps"):
+    span, perms = line.split()[:2]
+    if not perms.startswith("rw"):
+        continue
+    start, end = (int(x, 16) for x in span.split("-"))
+    try:
+        data = ctypes.string_at(start, end - start)
+    except (OSError, ValueError):
+        continue
+    at = data.find(head)
+    while at >= 0:
+        found += data[at + len(head) : at + len(head) + len(tail)] == tail
+        at = data.find(head, at + 1)
+print(found)
+"""
+
+
+def memory_scan(secret: str) -> str:
+    head, tail = secret[:16], secret[16:]
+    return MEMORY_SCAN.replace("HEAD", repr(head[::-1])).replace("TAIL", repr(tail[::-1]))
+
+
+async def test_a_run_cannot_read_earlier_runs_from_memory(client: AgentClient) -> None:
+    secret = f"hidden-answer-{os.urandom(8).hex()}"
+    code = f"answer = {secret!r}\nprint(len(answer))\n" + "# padding\n" * 500
+    earlier: list[tuple[str, dict[str, Any]]] = [
+        ("python", {"code": code, "stdin": secret.encode(), "files": {"s": secret.encode()}}),
+        ("bash", {"code": f"echo {secret} | wc -c"}),
+        ("python", {"code": f"print({secret!r})"}),  # the secret in the agent's reply too
+    ]
+    for language, request in earlier:
+        first = await run(client, language=language, **request)
+        assert first.status is SandboxStatus.OK, first
+    scan = await run(client, code=memory_scan(secret))
+    assert (scan.status, scan.stdout) == (SandboxStatus.OK, b"0\n"), scan
+    own = await run(client, code=memory_scan(secret) + f"\nkept = {secret!r}")
+    assert int(own.stdout) >= 1, "the scan does find a secret that is there"
+
+
+REACH_INTO_OTHERS = r"""
+import ctypes, errno, json, os, resource, time
+libc = ctypes.CDLL(None, use_errno=True)
+def call(result):
+    return "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+child = os.fork()
+if child == 0:
+    time.sleep(30)
+    os._exit(0)
+out = {}
+out["ptrace agent"] = call(libc.ptrace(16, os.getppid(), None, None))
+out["ptrace own child"] = call(libc.ptrace(16, child, None, None))
+buf = ctypes.create_string_buffer(8)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
+out["process_vm_readv"] = call(libc.process_vm_readv(child, iov, 1, iov, 1, 0))
+pidfd = os.pidfd_open(child)
+out["pidfd_getfd"] = call(libc.syscall(438, pidfd, 0, 0))
+try:
+    resource.prlimit(child, resource.RLIMIT_NOFILE, (16, 16))
+    out["prlimit other"] = "ok"
+except OSError as e:
+    out["prlimit other"] = errno.errorcode[e.errno]
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+out["setrlimit self"] = resource.getrlimit(resource.RLIMIT_NOFILE) == (64, 64)
+os.kill(child, 9)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no syscall table")
+async def test_runs_cannot_trace_or_reach_into_other_processes(client: AgentClient) -> None:
+    reply = await run(client, code=REACH_INTO_OTHERS)
+    assert reply.status is SandboxStatus.OK, reply.stderr
+    assert json.loads(reply.stdout) == {
+        "ptrace agent": "EPERM",
+        "ptrace own child": "EPERM",  # the agent's seccomp filter, not just dumpability
+        "process_vm_readv": "EPERM",
+        "pidfd_getfd": "EPERM",
+        "prlimit other": "EPERM",
+        "setrlimit self": True,
+    }
+
+
+#: Kills (or stops) every other child of the agent: the zygote, and the spare if one waits.
+SIBLINGS = """
+import os, signal
+me, agent = os.getpid(), os.getppid()
+def siblings():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == agent and int(pid) != me and fields[0] != "Z":
+            yield int(pid)
+hit = [pid for pid in siblings() if os.kill(pid, SIGNAL) is None]
+print(len(hit))
+"""
+
+
+async def test_a_killed_zygote_is_replaced(client: AgentClient, agent: RunningAgent) -> None:
+    before = set(await helpers_of(agent))
+    killed = await run(client, code=SIBLINGS.replace("SIGNAL", "signal.SIGKILL"))
+    assert (killed.status, killed.stdout) == (SandboxStatus.OK, b"1\n"), killed  # the zygote
+    after = await run(client, code="print('still runs')")
+    assert after.stdout == b"still runs\n", after
+    assert await client.reset(timeout_s=10.0) == 0  # and replaces the one exec-ed meanwhile
+    assert (await run(client, code="print('and again')")).stdout == b"and again\n"
+    assert not before & set(await helpers_of(agent))
+
+
+async def test_stopped_helpers_are_continued(client: AgentClient, agent: RunningAgent) -> None:
+    stopped = await run(client, code=SIBLINGS.replace("SIGNAL", "signal.SIGSTOP"))
+    assert stopped.stdout == b"1\n", stopped  # the zygote, before it made the next spare
+    after = await run(client, code="print('continued')")
+    assert after.stdout == b"continued\n", after
+    # A stray that outlived its run could stop the waiting spare as well as the zygote.
+    helpers = await helpers_of(agent)
+    for pid in helpers:
+        os.kill(pid, signal.SIGSTOP)
+    assert (await run(client, code="print('again')")).stdout == b"again\n"
+    assert await client.reset(timeout_s=10.0) == 0
+    assert set(await helpers_of(agent)) & set(helpers), "continued, not replaced"
+
+
+async def test_orphans_are_reaped_while_a_run_goes_on(client: AgentClient) -> None:
+    code = (
+        "import os, time\n"
+        "for _ in range(20):\n"
+        "    if os.fork() == 0:\n"
+        "        if os.fork() == 0:\n"
+        "            os._exit(0)\n"  # its parent is gone: an orphan of the agent's
+        "        os._exit(0)\n"
+        "time.sleep(0.5)\n"
+        "agent = os.getppid()\n"
+        "zombies = 0\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        fields = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    zombies += fields[0] == 'Z' and int(fields[1]) == agent\n"
+        "print(zombies)\n"
+    )
+    reply = await run(client, code=code)
+    assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"0\n"), reply
+
+
+# --------------------------------------------------------------------------- C
+
+C_PROGRAM = r"""
+#include <math.h>
+#include <stdio.h>
+int main(void) {
+    char name[32];
+    if (scanf("%31s", name) != 1) return 1;
+    printf("hello %s %.3f\n", name, sqrt(2.0));
+    return 3;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc on this host")
+async def test_c_is_built_then_run(client: AgentClient, agent: RunningAgent) -> None:
+    reply = await run(client, language="c", code=C_PROGRAM, stdin=b"world")
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 3), reply.stderr
+    assert reply.stdout == b"hello world 1.414\n"
+    broken = await run(client, language="c", code="int main( {")
+    assert (broken.status, broken.exit_code) == (SandboxStatus.NONZERO_EXIT, 1)
+    assert b"error" in broken.stderr
+    assert list(agent.workdir.iterdir()) == [], "the code and what was built from it are gone"
+
+
+async def test_a_language_whose_program_is_missing_is_an_infra_error(tmp_path: Path) -> None:
+    table = json.dumps({"cobol": {"argv": ["sh", "{file}"], "needs": "no-such-compiler"}})
+    with start_agent(tmp_path, "--languages", table) as running:
+        async with await AgentClient.connect(running.socket, timeout_s=10.0) as c:
+            reply = await run(c, language="cobol", code="true")
+            assert reply.status is SandboxStatus.INFRA_ERROR
+            assert "no-such-compiler not installed" in (reply.error or "")
+
+
+# --------------------------------------------------------------------------- sibling forks
+
+SIBLING = r"""
+import ctypes, os, runpy, sys
+agent = runpy.run_path(sys.argv[1], run_name="sandbox_agent")
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the agent
+read_end, write_end = os.pipe()
+zygote = os.fork()
+if zygote == 0:
+    fork = agent["SiblingFork"].probe() if sys.argv[2] == "clone" else agent["MiddleFork"]()
+    if fork is None:
+        os._exit(3)
+    if fork() == 0:
+        pthread_self = libc.pthread_self
+        pthread_self.restype = ctypes.c_ulong
+        mask = ctypes.create_string_buffer(128)
+        # glibc's idea of this thread's id: right only if the fork stored it
+        own = libc.pthread_getaffinity_np(ctypes.c_ulong(pthread_self()), 128, mask) == 0
+        os.write(write_end, f"{os.getppid()} {own}".encode())
+        os._exit(0)
+    os._exit(0)
+assert os.waitpid(zygote, 0)[1] == 0
+child, status = os.wait()
+parent, own = os.read(read_end, 100).decode().split()
+print(int(parent) == os.getpid(), own, status)
+"""
+
+
+@pytest.mark.parametrize("how", ["clone", "middle"])
+def test_a_spare_is_forked_as_the_agents_own_child(how: str) -> None:
+    if how == "clone" and os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("no clone table for this machine")
+    done = subprocess.run(
+        [sys.executable, "-c", SIBLING, str(AGENT), how],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (done.returncode, done.stdout) == (0, "True True 0\n"), done.stderr
