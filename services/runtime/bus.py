@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from protocol import headers as h
 from protocol.codec import check_size, encode
+from protocol.errors import PayloadTooLarge
 from protocol.messages import PROTOCOL_VERSION, Message
 from services.runtime.logs import get_logger
 
 _VERSION = str(PROTOCOL_VERSION)
+#: The server's status for a request nobody answers: no stream listens on the subject.
+_NO_RESPONDERS = "503"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,12 +50,37 @@ def message_headers(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """One message of :meth:`Bus.publish_many`: bytes as they go on the wire."""
+
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+class StreamAck(msgspec.Struct, frozen=True, gc=False):
+    """The stream's answer to one durable publish (the fields of JetStream's PubAck read here)."""
+
+    stream: str
+    seq: int
+    #: The stream already held a message with this Nats-Msg-Id: nothing new was stored.
+    duplicate: bool = False
+    domain: str | None = None
+
+
+#: Per item of :meth:`Bus.publish_many`: the stream's ack, or why there is none.
+PublishResult = StreamAck | Exception
+
+
 class Bus:
     """Owns one NATS connection and its JetStream context."""
 
     def __init__(self, nc: NATS) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
+        self._acks: _AckInbox | None = None
+        self._acks_lock = asyncio.Lock()
 
     @classmethod
     async def connect(cls, options: ConnectOptions) -> Bus:
@@ -109,6 +141,44 @@ class Bus:
         check_size(payload, hdrs, self.max_payload)
         return await self.js.publish(subject, payload, timeout=timeout_s, headers=dict(hdrs))
 
+    async def publish_many(
+        self, items: Sequence[Publication], *, timeout_s: float = 5.0
+    ) -> list[PublishResult]:
+        """Durable publish of many messages at once; one result per item, in order.
+
+        Every message goes out with its own reply subject on one long-lived wildcard
+        inbox, without waiting in between, and then all the stream acks are awaited
+        together, for up to ``timeout_s``.  A failure belongs to its item alone: a
+        ``PayloadTooLarge``, a JetStream ``APIError``, ``NoStreamResponseError`` (no
+        stream takes the subject), a connection error, or ``nats.errors.TimeoutError``
+        (no ack in time: the message may still have been stored, which is why callers
+        publish with a ``Nats-Msg-Id`` and may simply publish it again).
+        """
+        pending = _Pending(len(items))
+        if not items:
+            return []
+        inbox = await self._ack_inbox()
+        try:
+            for index, item in enumerate(items):
+                reply = inbox.expect(pending, index)
+                try:
+                    check_size(item.payload, item.headers, self.max_payload)
+                    await self.nc.publish(item.subject, item.payload, reply, item.headers)
+                except (PayloadTooLarge, nats.errors.Error) as error:
+                    inbox.forget(reply)
+                    pending.settle(index, error)
+            await pending.wait(timeout_s)
+        finally:
+            inbox.forget_all(pending)  # also when cancelled: nothing waits for these any more
+        return pending.results
+
+    async def _ack_inbox(self) -> _AckInbox:
+        if self._acks is None:
+            async with self._acks_lock:  # two first callers must not both subscribe
+                if self._acks is None:
+                    self._acks = await _AckInbox.open(self.nc)
+        return self._acks
+
     async def emit(self, subject: str, message: Message, *, trace_id: str | None = None) -> None:
         """Fire-and-forget core NATS publish (heartbeats, stats): losing one is harmless."""
         hdrs = message_headers(trace_id=trace_id, msg_id=None)
@@ -141,3 +211,113 @@ class Bus:
                 get_logger(component="bus").warning("drain_failed", error=repr(error))
         with contextlib.suppress(nats.errors.Error, RuntimeError, TimeoutError):
             await asyncio.wait_for(self.nc.close(), timeout_s)
+
+
+class _PubError(msgspec.Struct):
+    code: int = 0
+    err_code: int | None = None
+    description: str | None = None
+
+
+class _PubReply(msgspec.Struct, gc=False):
+    """What the server answers a publish: an ack, or an error (which may name the stream too)."""
+
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    domain: str | None = None
+    error: _PubError | None = None
+
+
+_REPLY = msgspec.json.Decoder(_PubReply)
+
+
+def pub_result(reply: Msg) -> PublishResult:
+    """A JetStream publish reply as an ack, or as the error it carries."""
+    if not reply.data:
+        status = (reply.headers or {}).get(api.Header.STATUS, "")
+        if status == _NO_RESPONDERS:
+            return nats.js.errors.NoStreamResponseError()
+        return nats.js.errors.APIError(code=int(status or 0), description="empty publish reply")
+    try:
+        answer = _REPLY.decode(reply.data)
+    except msgspec.MsgspecError as error:
+        return nats.js.errors.APIError(description=f"unreadable publish reply: {error}")
+    refusal = answer.error
+    if refusal is not None:
+        return nats.js.errors.APIError(
+            code=refusal.code, err_code=refusal.err_code, description=refusal.description
+        )
+    if not answer.stream:
+        return nats.js.errors.APIError(description="publish reply names no stream")
+    return StreamAck(answer.stream, answer.seq, answer.duplicate, answer.domain)
+
+
+class _Pending:
+    """The results of one publish_many call, filled in as the acks arrive."""
+
+    __slots__ = ("done", "left", "replies", "results")
+
+    def __init__(self, count: int) -> None:
+        timeout: Exception = nats.errors.TimeoutError()
+        self.results: list[PublishResult] = [timeout] * count
+        self.left = count
+        #: The reply subject of each item (to forget those never answered).
+        self.replies: list[str] = []
+        self.done = asyncio.Event()
+        if not count:
+            self.done.set()
+
+    def settle(self, index: int, result: PublishResult) -> None:
+        self.results[index] = result
+        self.left -= 1
+        if self.left == 0:
+            self.done.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        # What has no ack by then keeps the TimeoutError it was created with.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self.done.wait()
+
+
+class _AckInbox:
+    """One wildcard subscription that receives the stream acks of every pipelined publish.
+
+    nats-py's request() makes a future, a done-callback, a token and a timer per message;
+    here a message costs one dict entry, and its ack one dict pop and one msgspec decode.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._tokens = itertools.count()
+        self._waiting: dict[str, tuple[_Pending, int]] = {}
+
+    @classmethod
+    async def open(cls, nc: NATS) -> _AckInbox:
+        """Subscribe for the connection's lifetime (closing the Bus drains it)."""
+        inbox = cls(nc.new_inbox() + ".")
+        await nc.subscribe(inbox._prefix + "*", cb=inbox._on_reply)
+        return inbox
+
+    def expect(self, pending: _Pending, index: int) -> str:
+        """A fresh reply subject whose answer settles item ``index`` of ``pending``."""
+        reply = f"{self._prefix}{next(self._tokens)}"
+        self._waiting[reply] = (pending, index)
+        pending.replies.append(reply)
+        return reply
+
+    def forget(self, reply: str) -> None:
+        self._waiting.pop(reply, None)
+
+    def forget_all(self, pending: _Pending) -> None:
+        """Drop what ``pending`` still waits for: a late ack then finds nobody, as it should."""
+        if pending.left:
+            for reply in pending.replies:
+                self._waiting.pop(reply, None)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        waiting = self._waiting.pop(msg.subject, None)
+        if waiting is not None:
+            pending, index = waiting
+            pending.settle(index, pub_result(msg))

@@ -1,13 +1,21 @@
-"""Pull consumers: fetch, decode, handle, ack; hand back on failure; dead-letter the hopeless."""
+"""Pull consumers: fetch, decode, handle, ack; hand back on failure; dead-letter the hopeless.
+
+:class:`PullConsumer` owns what every pull consumer shares: the fetch loop with its
+bound on messages in flight and the priority gate, in-progress keep-alive, naks with
+backoff, dead letters, and the server's max-deliveries advisories.  :class:`Consumer`
+handles each message in a task of its own; ``services.runtime.batch`` handles a whole
+fetch at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 import nats.errors
@@ -28,6 +36,7 @@ from services.runtime.jetstream import ConsumerSpec, ensure_consumer
 from services.runtime.logs import get_logger
 from services.runtime.metrics import ServiceMetrics
 from services.runtime.priority import PriorityGate
+from services.runtime.pull import PullFailed
 
 M = TypeVar("M")
 
@@ -54,9 +63,13 @@ class ConsumerTuning:
     #: Shared with the consumers of other priority tiers (see services.runtime.priority).
     gate: PriorityGate | None = None
     tier: int = 0
+    #: Batch mode only: most messages handed to the handler at once (None: max_in_flight).
+    #: Batches run concurrently up to max_in_flight messages in all; a batch is settled
+    #: when its slowest message is done, so slow handlers want small batches.
+    batch_size: int | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Delivery:
     """What a handler knows about the message besides its body."""
 
@@ -75,14 +88,55 @@ class Delivery:
 Handler = Callable[[M, Delivery], Awaitable[None]]
 
 
-class Consumer(Generic[M]):
-    """One durable pull consumer with bounded concurrency."""
+class MessageSource(Protocol):
+    """Where a pull consumer's messages come from."""
+
+    async def fetch(self, count: int, wait_s: float) -> list[Msg]: ...
+
+    async def close(self) -> list[Msg]:
+        """Stop; returns messages received but never handed out (the consumer naks them)."""
+        ...
+
+
+class _NatsPySource:
+    """nats-py's own pull subscription."""
+
+    def __init__(self, sub: JetStreamContext.PullSubscription) -> None:
+        self._sub: JetStreamContext.PullSubscription | None = sub
+
+    async def fetch(self, count: int, wait_s: float) -> list[Msg]:
+        if self._sub is None:
+            return []
+        return await self._sub.fetch(count, timeout=wait_s)
+
+    async def close(self) -> list[Msg]:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+            self._sub = None
+        return []
+
+
+class Slots:
+    """The in-flight messages one task holds, freed as they are settled or when it ends."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+
+
+class PullConsumer:
+    """A durable pull consumer with a bound on the messages it holds at once.
+
+    Subclasses say where messages come from (:meth:`_open`) and what becomes of a fetched
+    batch (:meth:`_spawn`: tasks in the consumer's group, each registered with
+    :meth:`_track` for the messages it holds).
+    """
 
     def __init__(
         self,
         spec: ConsumerSpec,
-        codec: Codec[M],
-        handler: Handler[M],
         *,
         bus: Bus,
         dead_letters: DeadLetters,
@@ -90,8 +144,6 @@ class Consumer(Generic[M]):
         tuning: ConsumerTuning,
     ) -> None:
         self.spec = spec
-        self._codec = codec
-        self._handler = handler
         self._bus = bus
         self._js = bus.js
         self._work_queue = False
@@ -100,9 +152,11 @@ class Consumer(Generic[M]):
         self._tuning = tuning
         self._intake_open = True
         self._in_flight: set[asyncio.Task[None]] = set()
-        #: id(message) -> (message being handled, when its redelivery deadline was last pushed).
+        #: Messages held by the tasks in flight (one each, or one batch each).
+        self._holding = 0
+        #: id(key) -> (messages being handled, when their redelivery deadline was last pushed).
         #: Keyed by identity: nats-py's Msg is an eq-dataclass, so it cannot be hashed itself.
-        self._active: dict[int, tuple[Msg, float]] = {}
+        self._active: dict[int, tuple[Sequence[Msg], float]] = {}
         self._slot_free = asyncio.Event()
         #: Set once the fetch loop has ended: no pull request of ours is open any more.
         self._intake_done = asyncio.Event()
@@ -123,7 +177,8 @@ class Consumer(Generic[M]):
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        """Messages being handled."""
+        return self._holding
 
     def stop_intake(self) -> None:
         self._intake_open = False
@@ -132,12 +187,13 @@ class Consumer(Generic[M]):
             self._tuning.gate.close()
 
     def cancel_in_flight(self) -> int:
+        """Cancel every handler (each hands its messages back); returns how many messages."""
         for task in self._in_flight:
             task.cancel()
-        return len(self._in_flight)
+        return self._holding
 
     async def hand_back(self) -> int:
-        """Cancel in-flight handlers (each naks its message) once intake has ended.
+        """Cancel in-flight handlers (each naks its messages) once intake has ended.
 
         A nak while our own pull request is still open would deliver the message straight
         back here, to be nak'd again: a wasted delivery that counts against max_deliver.
@@ -151,11 +207,17 @@ class Consumer(Generic[M]):
         finally:
             self._intake_done.set()
 
+    async def _open(self) -> MessageSource:
+        raise NotImplementedError
+
+    def _spawn(self, group: asyncio.TaskGroup, msgs: list[Msg]) -> None:
+        raise NotImplementedError
+
     async def _consume(self) -> None:
         await ensure_consumer(self._js, self.spec)
         info = await self._js.stream_info(self.spec.stream)
         self._work_queue = info.config.retention == api.RetentionPolicy.WORK_QUEUE
-        sub = await self._js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
+        source = await self._open()
         advisories = await self._bus.nc.subscribe(
             max_deliveries_advisory(self.spec.stream, self.spec.durable)
         )
@@ -164,113 +226,75 @@ class Consumer(Generic[M]):
                 keeper = group.create_task(self._keep_alive())
                 exhausted = group.create_task(self._dead_letter_exhausted(advisories))
                 while self._intake_open:
-                    for msg in await self._fetch(sub):
-                        self._spawn(group, msg)
+                    msgs = await self._fetch(source)
+                    if msgs:
+                        self._spawn(group, msgs)
+                # Nothing more may arrive: a nak now cannot come straight back to us.
+                await self._close(source)
                 self._intake_done.set()
                 while self._in_flight:
                     await asyncio.wait(set(self._in_flight))
                 keeper.cancel()
                 exhausted.cancel()
         finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+            await self._close(source)  # again after a failure; closing twice is harmless
             with contextlib.suppress(nats.errors.Error):
                 await advisories.unsubscribe()
 
-    async def _fetch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
-        free = self._tuning.max_in_flight - len(self._in_flight)
+    async def _close(self, source: MessageSource) -> None:
+        for msg in await source.close():
+            await quietly(msg.nak())  # received after the last fetch: nobody will handle it
+
+    def _track(self, task: asyncio.Task[None], slots: Slots) -> None:
+        """Count ``slots`` as held by ``task``; what it has not freed is freed when it ends."""
+        self._holding += slots.left
+        self._in_flight.add(task)
+        task.add_done_callback(functools.partial(self._release, slots))
+
+    def _release(self, slots: Slots, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._free(slots, slots.left)
+
+    def _free(self, slots: Slots, count: int) -> None:
+        slots.left -= count
+        self._holding -= count
+        self._slot_free.set()
+
+    async def _fetch(self, source: MessageSource) -> list[Msg]:
+        free = self._tuning.max_in_flight - self._holding
         if free <= 0:
             self._slot_free.clear()
             await self._slot_free.wait()
             return []
         gate = self._tuning.gate
         if gate is None:
-            return await self._pull(sub, free, self._tuning.fetch_wait_s)
-        admission = await gate.admit(self._tuning.tier, free, self._tuning.fetch_wait_s)
+            return await self._pull(source, self._batch_limit(free), self._tuning.fetch_wait_s)
+        wanted = self._batch_limit(free)
+        admission = await gate.admit(self._tuning.tier, wanted, self._tuning.fetch_wait_s)
         if admission.slots == 0:
             gate.fetched(self._tuning.tier, 0)
             return []
         batch: list[Msg] = []
         try:
-            batch = await self._pull(sub, admission.slots, admission.wait_s)
+            batch = await self._pull(source, admission.slots, admission.wait_s)
         finally:
             gate.fetched(self._tuning.tier, len(batch))
         return batch
 
-    async def _pull(
-        self, sub: JetStreamContext.PullSubscription, count: int, wait_s: float
-    ) -> list[Msg]:
+    def _batch_limit(self, free: int) -> int:
+        """How many of ``free`` slots one fetch may fill."""
+        return free
+
+    async def _pull(self, source: MessageSource, count: int, wait_s: float) -> list[Msg]:
         try:
-            return await sub.fetch(count, timeout=wait_s)
+            return await source.fetch(count, wait_s)
         except (nats.errors.TimeoutError, TimeoutError):
             return []
-        except nats.errors.Error as error:
+        except (nats.errors.Error, PullFailed) as error:
             # Disconnected or reconnecting: nothing was taken, try again shortly.
             self._log.warning("fetch_failed", error=repr(error))
             await asyncio.sleep(self._tuning.error_backoff_s)
             return []
-
-    def _spawn(self, group: asyncio.TaskGroup, msg: Msg) -> None:
-        task = group.create_task(self._process(msg))
-        self._in_flight.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._slot_free.set()
-
-    async def _process(self, msg: Msg) -> None:
-        try:
-            await self._receive(msg)
-        except Exception as error:
-            # Transport failure while acking or dead-lettering: left unacked, so it is redelivered.
-            self._log.error("delivery_failed", error=repr(error), subject=msg.subject)
-        finally:
-            if self._tuning.gate is not None:
-                self._tuning.gate.finished()
-
-    async def _receive(self, msg: Msg) -> None:
-        self._received.inc()
-        if msg.metadata.num_delivered > 1:
-            self._redelivered.inc()
-        if not self._intake_open:
-            await msg.nak()
-            return
-        try:
-            message = self._codec.decode(msg.data)
-        except DecodeError as error:
-            await self._reject(msg, error.code, error.message, error.field)
-            return
-        await self._handle(msg, message)
-
-    async def _handle(self, msg: Msg, message: M) -> None:
-        delivery = self._delivery(msg)
-        self._gauge.inc()
-        started = time.perf_counter()
-        self._active[id(msg)] = (msg, started)
-        # Each message runs in its own task (a copy of the context), so binding needs no reset.
-        task_id = task_id_of(message)  # type: ignore[arg-type]
-        structlog.contextvars.bind_contextvars(trace_id=delivery.trace_id, task_id=task_id)
-        try:
-            await self._handler(message, delivery)
-        except asyncio.CancelledError:
-            self._handed_back.inc()
-            await _quiet(msg.nak())
-            raise
-        except Reject as error:
-            await self._reject(msg, error.code, error.message, error.field)
-        except Exception as error:  # a handler bug must not kill the consumer
-            await self._failed(msg, error)
-        else:
-            # Outside the handler's try: a failed ack is a transport problem, not a handler
-            # failure, and must not nak or dead-letter work that was done.
-            self._active.pop(id(msg), None)
-            await msg.ack()
-            self._acked.inc()
-        finally:
-            self._active.pop(id(msg), None)
-            self._gauge.dec()
-            self._latency.observe(time.perf_counter() - started)
 
     async def _keep_alive(self) -> None:
         """In-progress acks for long handlers, so their message is not redelivered meanwhile."""
@@ -278,10 +302,11 @@ class Consumer(Generic[M]):
         while True:
             await asyncio.sleep(interval / 2)
             now = time.perf_counter()
-            for key, (msg, pushed) in list(self._active.items()):
+            for key, (msgs, pushed) in list(self._active.items()):
                 if now - pushed >= interval and key in self._active:
-                    self._active[key] = (msg, now)
-                    await _quiet(msg.in_progress())
+                    self._active[key] = (msgs, now)
+                    for msg in msgs:
+                        await quietly(msg.in_progress())
 
     async def _failed(self, msg: Msg, error: Exception) -> None:
         self._failed_count.inc()
@@ -291,7 +316,7 @@ class Consumer(Generic[M]):
             reason = f"failed {deliveries} times, last: {type(error).__name__}: {error}"
             await self._reject(msg, ErrorCode.MAX_DELIVER, reason, None)
             return
-        await _quiet(msg.nak(delay=self._tuning.nak_delay_s * deliveries))
+        await quietly(msg.nak(delay=self._tuning.nak_delay_s * deliveries))
 
     async def _reject(self, msg: Msg, code: ErrorCode, message: str, field: str | None) -> None:
         meta = msg.metadata
@@ -353,19 +378,100 @@ class Consumer(Generic[M]):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self._js.delete_msg(self.spec.stream, advisory.stream_seq)
 
-    def _delivery(self, msg: Msg) -> Delivery:
-        hdrs = msg.headers or {}
-        return Delivery(
-            subject=msg.subject,
-            headers=hdrs,
-            trace_id=hdrs.get(h.TRACE_ID, ""),
-            num_delivered=msg.metadata.num_delivered,
-            stream_seq=msg.metadata.sequence.stream,
-            msg=msg,
-        )
+
+class Consumer(PullConsumer, Generic[M]):
+    """Each message handled in its own task, with bounded concurrency."""
+
+    def __init__(
+        self,
+        spec: ConsumerSpec,
+        codec: Codec[M],
+        handler: Handler[M],
+        *,
+        bus: Bus,
+        dead_letters: DeadLetters,
+        metrics: ServiceMetrics,
+        tuning: ConsumerTuning,
+    ) -> None:
+        super().__init__(spec, bus=bus, dead_letters=dead_letters, metrics=metrics, tuning=tuning)
+        self._codec = codec
+        self._handler = handler
+
+    async def _open(self) -> MessageSource:
+        sub = await self._js.pull_subscribe_bind(self.spec.durable, self.spec.stream)
+        return _NatsPySource(sub)
+
+    def _spawn(self, group: asyncio.TaskGroup, msgs: list[Msg]) -> None:
+        for msg in msgs:
+            self._track(group.create_task(self._process(msg)), Slots(1))
+
+    async def _process(self, msg: Msg) -> None:
+        try:
+            await self._receive(msg)
+        except Exception as error:
+            # Transport failure while acking or dead-lettering: left unacked, so it is redelivered.
+            self._log.error("delivery_failed", error=repr(error), subject=msg.subject)
+        finally:
+            if self._tuning.gate is not None:
+                self._tuning.gate.finished()
+
+    async def _receive(self, msg: Msg) -> None:
+        self._received.inc()
+        if msg.metadata.num_delivered > 1:
+            self._redelivered.inc()
+        if not self._intake_open:
+            await msg.nak()
+            return
+        try:
+            message = self._codec.decode(msg.data)
+        except DecodeError as error:
+            await self._reject(msg, error.code, error.message, error.field)
+            return
+        await self._handle(msg, message)
+
+    async def _handle(self, msg: Msg, message: M) -> None:
+        delivery = delivery_of(msg)
+        self._gauge.inc()
+        started = time.perf_counter()
+        self._active[id(msg)] = ((msg,), started)
+        # Each message runs in its own task (a copy of the context), so binding needs no reset.
+        task_id = task_id_of(message)  # type: ignore[arg-type]
+        structlog.contextvars.bind_contextvars(trace_id=delivery.trace_id, task_id=task_id)
+        try:
+            await self._handler(message, delivery)
+        except asyncio.CancelledError:
+            self._handed_back.inc()
+            await quietly(msg.nak())
+            raise
+        except Reject as error:
+            await self._reject(msg, error.code, error.message, error.field)
+        except Exception as error:  # a handler bug must not kill the consumer
+            await self._failed(msg, error)
+        else:
+            # Outside the handler's try: a failed ack is a transport problem, not a handler
+            # failure, and must not nak or dead-letter work that was done.
+            self._active.pop(id(msg), None)
+            await msg.ack()
+            self._acked.inc()
+        finally:
+            self._active.pop(id(msg), None)
+            self._gauge.dec()
+            self._latency.observe(time.perf_counter() - started)
 
 
-async def _quiet(action: Awaitable[None]) -> None:
+def delivery_of(msg: Msg) -> Delivery:
+    hdrs = msg.headers or {}
+    return Delivery(
+        subject=msg.subject,
+        headers=hdrs,
+        trace_id=hdrs.get(h.TRACE_ID, ""),
+        num_delivered=msg.metadata.num_delivered,
+        stream_seq=msg.metadata.sequence.stream,
+        msg=msg,
+    )
+
+
+async def quietly(action: Awaitable[None]) -> None:
     """Acks and naks are best effort: if the connection is gone the server redelivers anyway."""
     with contextlib.suppress(nats.errors.Error, TimeoutError):
         await action

@@ -19,8 +19,9 @@ from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.messages import Heartbeat, Message, ServiceState, Stats
 from protocol.streams import StreamSpec
+from services.runtime.batch import BatchConsumer, BatchHandler
 from services.runtime.bus import Bus, ConnectOptions
-from services.runtime.consumer import Consumer, ConsumerTuning, Handler
+from services.runtime.consumer import Consumer, ConsumerTuning, Handler, PullConsumer
 from services.runtime.deadletter import DeadLetters
 from services.runtime.jetstream import ConsumerSpec, ensure_streams
 from services.runtime.logs import get_logger
@@ -65,7 +66,7 @@ class Service:
         self.started_at = 0.0
         self._bus: Bus | None = None
         self._dead: DeadLetters | None = None
-        self._consumers: list[Consumer[Any]] = []
+        self._consumers: list[PullConsumer] = []
         self._responders: list[Responder[Any]] = []
         self._control: list[Responder[Any]] = []
         self._work: list[asyncio.Task[None]] = []
@@ -132,6 +133,27 @@ class Service:
         tuning: ConsumerTuning | None = None,
     ) -> Consumer[M]:
         consumer = Consumer(
+            spec,
+            codec,
+            handler,
+            bus=self.bus,
+            dead_letters=self.dead_letters,
+            metrics=self.metrics,
+            tuning=tuning or ConsumerTuning(),
+        )
+        self._consumers.append(consumer)
+        return consumer
+
+    def consume_batch(
+        self,
+        spec: ConsumerSpec,
+        codec: Codec[M],
+        handler: BatchHandler[M],
+        tuning: ConsumerTuning | None = None,
+    ) -> BatchConsumer[M]:
+        """Like :meth:`consume`, but ``handler`` takes a whole fetch and returns an outcome
+        per message (see ``services.runtime.batch``)."""
+        consumer = BatchConsumer(
             spec,
             codec,
             handler,

@@ -59,6 +59,7 @@ def references(task: Task, key: str) -> list[str]:
     """One or several acceptable answers (a string or a list of strings)."""
     value = reference(task, key)
     values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(v, str | int | float) for v in values):
+    # A tuple, not ``str | int | float``: that builds a union object on every test.
+    if not values or not all(isinstance(v, (str, int, float)) for v in values):
         raise InvalidRollout(f"task {task.id}: metadata[{key!r}] is not an answer or a list")
     return [str(v) for v in values]

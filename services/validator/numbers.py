@@ -8,6 +8,7 @@ and surrounding ``$...$`` or ``\\(...\\)``.  Anything else is ``None``: parsing 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -86,6 +87,10 @@ def _ratio(numerator: str, denominator: str) -> Number | None:
     return Number(top.value / bottom.value)
 
 
+# Pure, and called twice a rollout (reference and answer) with texts that repeat across a
+# GRPO group and across tasks: the cache skips the regexes and Fraction arithmetic.
+# Inputs are at most MAX_TEXT characters and Number is frozen, so sharing is safe.
+@functools.lru_cache(maxsize=8192)
 def parse_number(text: str) -> Number | None:
     """The number ``text`` holds as a whole, or ``None``."""
     if len(text) > MAX_TEXT:
@@ -107,11 +112,27 @@ def find_numbers(text: str) -> list[Number]:
     return [number for number in found if number is not None]
 
 
+@functools.lru_cache(maxsize=256)
+def _tolerance(tolerance: float) -> tuple[int, int]:
+    """A float tolerance as an exact integer ratio (a slow conversion; a few values recur)."""
+    return Fraction(tolerance).as_integer_ratio()
+
+
 def close(a: Fraction, b: Fraction, rel_tol: float, abs_tol: float) -> bool:
-    if a == b:  # the common case for a right answer, without building the bound
+    """|a - b| <= max(abs_tol, rel_tol x max(|a|, |b|)), exactly.
+
+    Worked in integers (both sides multiplied by the denominators): the same answer as
+    Fraction arithmetic without building a Fraction per step.
+    """
+    an, ad, bn, bd = a.numerator, a.denominator, b.numerator, b.denominator
+    if an == bn and ad == bd:  # the common case for a right answer (Fractions are reduced)
         return True
-    bound = max(Fraction(abs_tol), Fraction(rel_tol) * max(abs(a), abs(b)))
-    return abs(a - b) <= bound
+    diff = abs(an * bd - bn * ad)  # |a - b| x ad x bd
+    abs_num, abs_den = _tolerance(abs_tol)
+    if diff * abs_den <= abs_num * ad * bd:
+        return True
+    rel_num, rel_den = _tolerance(rel_tol)
+    return diff * rel_den <= rel_num * max(abs(an) * bd, abs(bn) * ad)
 
 
 def numbers_match(got: Number, want: Number, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> bool:

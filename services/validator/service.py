@@ -12,6 +12,11 @@ cannot be judged: it was invalid already, its task lacks reference data, or its
 domain is unknown here.  An unknown domain is a result, not a dead letter: the
 client waiting for the task's ``n`` results gets a terminal answer.  Bytes that
 are not a valid Rollout go to the dead-letter stream (the runtime does that).
+
+The service consumes in the runtime's batch mode: a fetch of rule-judged rollouts is
+judged inline and its results go out in one pipelined publish (each with its own stream
+ack); a rollout whose domain waits on the sandbox or a reward model is judged on its own
+and settled when done.  See docs/validator.md, "Benchmark", for why.
 """
 
 from __future__ import annotations
@@ -19,17 +24,53 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
+
 from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.errors import ErrorCode, PayloadTooLarge
-from protocol.messages import Rollout, ScoredRollout
+from protocol.messages import Message, Rollout, ScoredRollout, ScoreStatus, ValidatorDetail
 from services.domains import DomainRegistry, load_registry
-from services.runtime import ConsumerSpec, ConsumerTuning, Delivery, Reject, Service
+from services.runtime import (
+    ConsumerSpec,
+    ConsumerTuning,
+    Delivery,
+    Outcome,
+    Publication,
+    PublishResult,
+    Reject,
+    Result,
+    Service,
+    StreamAck,
+)
+from services.runtime.bus import message_headers
+from services.validator.base import RuleValidator
 from services.validator.compose import Scorer
 from services.validator.factory import Resources, RewardModels
 from services.validator.sandbox import NatsSandbox
 from services.validator.settings import ValidatorSettings
 from services.validator.stats import DomainStats
+
+#: Batches per instance in flight at once: one is judged while others wait for their acks.
+BATCHES_IN_FLIGHT = 4
+
+
+class ScoredWire(Message, tag="scored_rollout"):
+    """A ScoredRollout as it goes on the wire, the rollout in the bytes it arrived in.
+
+    Those bytes just decoded as a valid Rollout, so every reader decodes this as an
+    ordinary ScoredRollout (same tag, same fields, in the same order); re-encoding the
+    rollout (its task, tokens and logprobs) would cost more than judging it.
+    """
+
+    id: str
+    rollout: msgspec.Raw
+    reward: float = 0.0
+    status: ScoreStatus = ScoreStatus.SCORED
+    details: list[ValidatorDetail] = []
+    error: str | None = None
+    validator: str = ""
+    scored_at: float | None = None
 
 
 class ValidatorService(Service):
@@ -47,6 +88,8 @@ class ValidatorService(Service):
         self.stats = DomainStats(self.metrics.registry)
         self.published = 0
         self.duplicates = 0
+        self._waits: set[str] = set()
+        self._encoder = msgspec.msgpack.Encoder()
 
     @property
     def domains(self) -> DomainRegistry:
@@ -83,7 +126,14 @@ class ValidatorService(Service):
             domains=len(self.domains),
             reward_models=len(self._reward_models.batchers),
         )
-        self.consume(self._consumer_spec(), Codec(Rollout), self._on_rollout, self._tuning())
+        # Domains with a validator that waits (sandbox, reward model) are judged apart, so
+        # a batch's rule-judged rollouts are acked without waiting for them.
+        self._waits = {
+            name
+            for name, panel in self.scorer.panels.items()
+            if not all(isinstance(judge.validator, RuleValidator) for judge in panel.judges)
+        }
+        self.consume_batch(self._consumer_spec(), Codec(Rollout), self._on_rollouts, self._tuning())
 
     def _consumer_spec(self) -> ConsumerSpec:
         return ConsumerSpec(
@@ -97,7 +147,9 @@ class ValidatorService(Service):
 
     def _tuning(self) -> ConsumerTuning:
         return ConsumerTuning(
-            max_in_flight=self.settings.max_in_flight, fetch_wait_s=self.settings.fetch_wait_s
+            max_in_flight=self.settings.max_in_flight,
+            fetch_wait_s=self.settings.fetch_wait_s,
+            batch_size=max(1, self.settings.max_in_flight // BATCHES_IN_FLIGHT),
         )
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
@@ -120,26 +172,76 @@ class ValidatorService(Service):
             values["reward_model_mean_batch"] = scored / batches
         return values
 
-    async def _on_rollout(self, rollout: Rollout, delivery: Delivery) -> None:
-        scored = await self.scorer.score(rollout)
-        await self._publish(scored, delivery.trace_id)
+    async def _on_rollouts(self, batch: list[tuple[Rollout, Delivery]]) -> list[Result]:
+        """Judge a fetch: rule domains inline, then all their results in one pipelined publish."""
+        results: list[Result] = [None] * len(batch)
+        inline: list[int] = []
+        scored: list[ScoredRollout] = []
+        for index, (rollout, _) in enumerate(batch):
+            if rollout.task.domain in self._waits:
+                continue
+            try:
+                scored.append(await self.scorer.score(rollout))  # never waits: rules only
+                inline.append(index)
+            except Exception as error:  # a scorer bug fails this rollout, not the batch
+                results[index] = error
+        outcomes = await self._publish(scored, [batch[index][1] for index in inline])
+        for index, outcome in zip(inline, outcomes, strict=True):
+            results[index] = outcome
+        # Made last, so that nothing above can raise and leave them never awaited.
+        for index, (rollout, delivery) in enumerate(batch):
+            if rollout.task.domain in self._waits:
+                results[index] = self._judge_alone(rollout, delivery)
+        return results
 
-    async def _publish(self, scored: ScoredRollout, trace_id: str) -> None:
+    async def _judge_alone(self, rollout: Rollout, delivery: Delivery) -> Outcome:
+        scored = await self.scorer.score(rollout)
+        [outcome] = await self._publish([scored], [delivery])
+        return outcome
+
+    async def _publish(
+        self, scored: list[ScoredRollout], deliveries: list[Delivery]
+    ) -> list[Outcome]:
+        """Store every result in TEMPER_SCORED; an outcome per result (None: stored)."""
+        if not scored:
+            return []
+        publications = [self._publication(s, d) for s, d in zip(scored, deliveries, strict=True)]
+        acks = await self.bus.publish_many(publications, timeout_s=self.settings.publish_timeout_s)
+        return [self._outcome(s, ack) for s, ack in zip(scored, acks, strict=True)]
+
+    def _publication(self, scored: ScoredRollout, delivery: Delivery) -> Publication:
         task = scored.rollout.task
-        try:
-            ack = await self.bus.publish(
-                subjects.scored(task.domain, task.id),
-                scored,
-                trace_id=trace_id,
-                msg_id=scored.id,
-                timeout_s=self.settings.publish_timeout_s,
-            )
-        except PayloadTooLarge as error:
+        wire = ScoredWire(
+            id=scored.id,
+            rollout=msgspec.Raw(delivery.msg.data),
+            reward=scored.reward,
+            status=scored.status,
+            details=scored.details,
+            error=scored.error,
+            validator=scored.validator,
+            scored_at=scored.scored_at,
+        )
+        return Publication(
+            subject=subjects.scored(task.domain, task.id),
+            payload=self._encoder.encode(wire),
+            # Nats-Msg-Id = rollout id: a rollout judged twice is stored once.
+            headers=message_headers(trace_id=delivery.trace_id, msg_id=scored.id),
+        )
+
+    def _outcome(self, scored: ScoredRollout, ack: PublishResult) -> Outcome:
+        if isinstance(ack, PayloadTooLarge):
             # Scoring adds to the rollout; at the size limit it can never be published.
-            raise Reject(ErrorCode.TOO_LARGE, f"scored rollout: {error.message}") from None
+            return Reject(ErrorCode.TOO_LARGE, f"scored rollout: {ack.message}")
+        if isinstance(ack, Exception):
+            return ack  # not stored (no ack in time, NATS away): handed back, judged again
+        self._count(scored, ack)
+        return None
+
+    def _count(self, scored: ScoredRollout, ack: StreamAck) -> None:
         if ack.duplicate:
             self.duplicates += 1  # judged before (a redelivery): stored and counted once
             return
         self.published += 1
+        task = scored.rollout.task
         domain = self.domains.get(task.domain) if task.domain in self.domains else None
         self.stats.record(task.domain, scored, domain.pass_threshold if domain else None)

@@ -9,6 +9,7 @@ outcomes and latency.  The stats subject gets, per domain seen so far,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
 
@@ -39,9 +40,13 @@ class Tally:
         }
 
 
+_Labelled = TypeVar("_Labelled", Counter, Summary)
+
+
 class DomainStats:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._tallies: dict[str, Tally] = {}
+        self._children: dict[tuple[object, ...], Any] = {}
         self._run_children: dict[tuple[str, ScoreStatus], tuple[Counter, Histogram]] = {}
         self._rollouts = Counter(
             "temper_validator_rollouts",
@@ -89,7 +94,7 @@ class DomainStats:
         label = domain if threshold is not None else UNKNOWN
         tally = self._tallies.setdefault(label, Tally())
         tally.rollouts += 1
-        self._rollouts.labels(domain=label, status=scored.status.value).inc()
+        self._child(self._rollouts, label, scored.status.value).inc()
         if scored.status is ScoreStatus.INFRA_FAILURE:
             tally.infra_failures += 1
         elif scored.status is ScoreStatus.INVALID:
@@ -97,11 +102,19 @@ class DomainStats:
         else:
             tally.scored += 1
             tally.reward_sum += scored.reward
-            self._reward.labels(domain=label).observe(scored.reward)
+            self._child(self._reward, label).observe(scored.reward)
             # A small epsilon: a sum of weighted scores that should be 1.0 may land at 0.9999999.
             if threshold is not None and scored.reward >= threshold - 1e-9:
                 tally.passed += 1
-                self._passed.labels(domain=label).inc()
+                self._child(self._passed, label).inc()
+
+    def _child(self, metric: _Labelled, *labels: str) -> _Labelled:
+        """``metric.labels(*labels)``, resolved once: the lookup costs more than the update."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def tally(self, domain: str) -> Tally:
         return self._tallies.get(domain, Tally())

@@ -1,0 +1,282 @@
+"""Batch mode of the pull consumer: one handler call per fetch instead of one task a message.
+
+For handlers that take microseconds (rule validators, counters), the per-message
+path's task, context binding, metrics and ack cost more than the work.  A
+:class:`BatchConsumer` hands a whole fetch to the handler at once and settles each
+message by the outcome the handler gives for it, in order:
+
+* ``None``: done; the message is acked.
+* a :class:`~services.runtime.errors.Reject`: dead-lettered now, with the original bytes.
+* any other exception: failed; nak'd with a growing delay, and dead-lettered once
+  ``max_deliver`` deliveries have failed (as if the per-message handler had raised it).
+* an awaitable of one of those, for a message whose work takes longer (a sandbox run):
+  the others are settled at once and this one when it completes, so a slow message
+  holds neither the batch's acks nor its slots.
+
+Bytes that do not decode are dead-lettered one by one and never reach the handler.  A
+handler that raises fails every message of the batch.  Otherwise as on the per-message
+path: the batch is kept alive with in-progress acks while it is handled, nothing is
+acked before its outcome says so (a crash loses nothing: what is unacked comes back
+after ``ack_wait``), and on stop what is still being handled once the grace period ends
+is handed back (nak'd).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import structlog
+from nats.aio.msg import Msg
+
+from protocol import headers as h
+from protocol.codec import Codec
+from protocol.errors import DecodeError
+from services.runtime.bus import Bus
+from services.runtime.consumer import (
+    ConsumerTuning,
+    Delivery,
+    MessageSource,
+    PullConsumer,
+    Slots,
+    quietly,
+)
+from services.runtime.deadletter import DeadLetters
+from services.runtime.errors import Reject
+from services.runtime.jetstream import ConsumerSpec
+from services.runtime.metrics import ServiceMetrics
+from services.runtime.pull import Puller
+
+M = TypeVar("M")
+
+#: What a batch handler says of one message: ``None`` (ack), a ``Reject`` (dead-letter),
+#: or another exception (failed: nak, dead-letter after max_deliver).
+Outcome = Exception | None
+#: An outcome now, or one to await (settled when it completes).
+Result = Outcome | Awaitable[Outcome]
+BatchHandler = Callable[[list[tuple[M, Delivery]]], Awaitable[Sequence[Result]]]
+
+
+def ack_numbers(msg: Msg) -> tuple[int, int]:
+    """(num_delivered, stream sequence) of a JetStream delivery.
+
+    Read straight from the ack subject: nats-py's ``msg.metadata`` also builds a datetime
+    and two dataclasses, which costs more than the rest of a batch's bookkeeping.
+    """
+    tokens = msg.reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[4]), int(tokens[5])
+    meta = msg.metadata  # the longer form with a domain; raises if this is no delivery
+    return meta.num_delivered, meta.sequence.stream
+
+
+def batch_delivery(msg: Msg) -> Delivery:
+    hdrs = msg.headers or {}
+    delivered, stream_seq = ack_numbers(msg)
+    return Delivery(
+        subject=msg.subject,
+        headers=hdrs,
+        trace_id=hdrs.get(h.TRACE_ID, ""),
+        num_delivered=delivered,
+        stream_seq=stream_seq,
+        msg=msg,
+    )
+
+
+def _discard(results: Sequence[Result]) -> None:
+    """Close coroutines that will never be awaited (else Python warns about each)."""
+    for result in results:
+        if inspect.iscoroutine(result):
+            result.close()
+
+
+class BatchConsumer(PullConsumer, Generic[M]):
+    """Hands each fetch (up to ``tuning.batch_size`` messages) to the handler at once."""
+
+    def __init__(
+        self,
+        spec: ConsumerSpec,
+        codec: Codec[M],
+        handler: BatchHandler[M],
+        *,
+        bus: Bus,
+        dead_letters: DeadLetters,
+        metrics: ServiceMetrics,
+        tuning: ConsumerTuning,
+    ) -> None:
+        super().__init__(spec, bus=bus, dead_letters=dead_letters, metrics=metrics, tuning=tuning)
+        self._codec = codec
+        self._handler = handler
+
+    async def _open(self) -> MessageSource:
+        puller = Puller(self._bus.nc, self.spec.stream, self.spec.durable)
+        await puller.start()
+        return puller
+
+    def _batch_limit(self, free: int) -> int:
+        size = self._tuning.batch_size
+        return free if size is None else min(free, size)
+
+    def _spawn(self, group: asyncio.TaskGroup, msgs: list[Msg]) -> None:
+        slots = Slots(len(msgs))
+        self._track(group.create_task(self._process(msgs, slots)), slots)
+
+    def _settled(self, slots: Slots, count: int) -> None:
+        self._free(slots, count)
+        gate = self._tuning.gate
+        if gate is not None:
+            for _ in range(count):
+                gate.finished()
+
+    async def _process(self, msgs: list[Msg], slots: Slots) -> None:
+        try:
+            await self._receive(msgs, slots)
+        except Exception as error:
+            # Transport failure while naking: left unacked, so they are redelivered.
+            self._log.error("delivery_failed", error=repr(error), messages=len(msgs))
+        finally:
+            self._active.pop(id(msgs), None)
+            self._settled(slots, slots.left)
+
+    async def _receive(self, msgs: list[Msg], slots: Slots) -> None:
+        self._received.inc(len(msgs))
+        if not self._intake_open:
+            for msg in msgs:
+                await quietly(msg.nak())
+            return
+        # Kept alive from here on; a +WPI for a message already settled is ignored.
+        self._active[id(msgs)] = (msgs, time.perf_counter())
+        held, items = await self._decode(msgs)
+        if items:
+            results = await self._handle(held, items)
+            # Settling is quick; what waits longer is kept alive by _settle_later.
+            self._active.pop(id(msgs), None)
+            await self._settle(held, results, slots)
+
+    async def _decode(self, msgs: list[Msg]) -> tuple[list[Msg], list[tuple[M, Delivery]]]:
+        """The messages that decode, with their deliveries; the others are dead-lettered."""
+        held: list[Msg] = []
+        items: list[tuple[M, Delivery]] = []
+        redelivered = 0
+        for index, msg in enumerate(msgs):
+            delivery = batch_delivery(msg)
+            redelivered += delivery.num_delivered > 1
+            try:
+                message = self._codec.decode(msg.data)
+            except DecodeError as error:
+                rejection = Reject(error.code, error.message, field=error.field)
+                try:
+                    await self._settle_quietly(msg, rejection)
+                except asyncio.CancelledError:
+                    # Stopped while dead-lettering: this one and the rest go back.
+                    await self._hand_back_rest([*held, *msgs[index:]], [])
+                    raise
+                continue
+            held.append(msg)
+            items.append((message, delivery))
+        if redelivered:
+            self._redelivered.inc(redelivered)
+        return held, items
+
+    async def _handle(self, msgs: list[Msg], items: list[tuple[M, Delivery]]) -> Sequence[Result]:
+        count = len(msgs)
+        self._gauge.inc(count)
+        started = time.perf_counter()
+        try:
+            return await self._results(items)
+        except asyncio.CancelledError:
+            self._handed_back.inc(count)
+            for msg in msgs:
+                await quietly(msg.nak())
+            raise
+        finally:
+            self._gauge.dec(count)
+            # One observation per batch: what one call of the handler took.
+            self._latency.observe(time.perf_counter() - started)
+
+    async def _results(self, items: list[tuple[M, Delivery]]) -> Sequence[Result]:
+        try:
+            results = await self._handler(items)
+        except Exception as error:  # a handler bug fails the batch, not the consumer
+            return [error] * len(items)
+        if len(results) != len(items):
+            _discard(results)
+            bug = RuntimeError(f"batch handler gave {len(results)} outcomes for {len(items)}")
+            return [bug] * len(items)
+        return results
+
+    async def _settle(self, msgs: list[Msg], results: Sequence[Result], slots: Slots) -> None:
+        later: list[tuple[Msg, Awaitable[Outcome]]] = []
+        acked = 0
+        for index, (msg, result) in enumerate(zip(msgs, results, strict=True)):
+            if result is None:
+                # Not awaited on the network: an ack is a buffered publish.
+                await quietly(msg.ack())
+                acked += 1
+            elif isinstance(result, Exception):
+                try:
+                    await self._settle_quietly(msg, result)
+                except asyncio.CancelledError:
+                    # Stopped while dead-lettering: what is not settled yet goes back.
+                    await self._hand_back_rest(msgs[index:], results[index:])
+                    raise
+            else:
+                later.append((msg, result))
+        self._acked.inc(acked)
+        self._settled(slots, len(msgs) - len(later))
+        if later:
+            await self._settle_later(later, slots)
+
+    async def _hand_back_rest(self, msgs: Sequence[Msg], results: Sequence[Result]) -> None:
+        self._handed_back.inc(len(msgs))
+        for msg in msgs:
+            await quietly(msg.nak())
+        _discard(results)
+
+    async def _settle_later(
+        self, later: list[tuple[Msg, Awaitable[Outcome]]], slots: Slots
+    ) -> None:
+        """Await each deferred outcome and settle it as it comes; on stop, hand back the rest."""
+        waiting = [msg for msg, _ in later]
+        self._active[id(waiting)] = (waiting, time.perf_counter())
+        unsettled = {id(msg): msg for msg in waiting}
+        try:
+            async with asyncio.TaskGroup() as group:
+                for msg, pending in later:
+                    group.create_task(self._settle_when_done(msg, pending, slots, unsettled))
+        except asyncio.CancelledError:
+            await self._hand_back_rest(list(unsettled.values()), [p for _, p in later])
+            raise
+        finally:
+            self._active.pop(id(waiting), None)
+
+    async def _settle_when_done(
+        self, msg: Msg, pending: Awaitable[Outcome], slots: Slots, unsettled: dict[int, Msg]
+    ) -> None:
+        try:
+            outcome = await pending
+        except Exception as error:
+            outcome = error
+        unsettled.pop(id(msg), None)
+        if outcome is None:
+            await quietly(msg.ack())
+            self._acked.inc()
+        else:
+            await self._settle_quietly(msg, outcome)
+        self._settled(slots, 1)
+
+    async def _settle_quietly(self, msg: Msg, outcome: Exception) -> None:
+        """Dead-letter or nak ``msg``; if NATS is down it stays unacked and comes back."""
+        trace_id = (msg.headers or {}).get(h.TRACE_ID, "")
+        try:
+            with structlog.contextvars.bound_contextvars(trace_id=trace_id):
+                if isinstance(outcome, Reject):
+                    await self._reject(msg, outcome.code, outcome.message, outcome.field)
+                else:
+                    await self._failed(msg, outcome)
+        except Exception as error:
+            self._log.error("delivery_failed", error=repr(error), subject=msg.subject)
