@@ -1368,19 +1368,28 @@ class Zygote:
 
     def _take(self) -> Spare:
         if self.spare is None:
-            if self.ctl is None:  # it died (a stray killed it): a fresh one, clean by exec
-                self.start(fresh=True, trusted=False)
-            self.ask()
             try:
-                self._collect()
+                self._make_spare()
             except OSError:
+                # The zygote died under us (a stray killed it before we reaped it): once
+                # more, from a fresh one.
                 self._lost()
-                raise
+                self._make_spare()
         if self.spare is None:
             raise OSError(errno.EAGAIN, "the zygote could not fork (the pids limit?)")
         spare, self.spare = self.spare, None
         _signal_quietly(spare.pid, signal.SIGCONT)  # a stray may have stopped it
         return spare
+
+    def _make_spare(self) -> None:
+        if self.ctl is None:  # it died (a stray killed it): a fresh one, clean by exec
+            self.start(fresh=True, trusted=False)
+        self.ask()
+        try:
+            self._collect()
+        except OSError:
+            self._lost()
+            raise
 
     @staticmethod
     def _send_pipes(spare: Spare, frame: bytes, fds: list[int]) -> int:

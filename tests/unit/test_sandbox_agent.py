@@ -839,11 +839,12 @@ async def test_a_language_whose_program_is_missing_is_an_infra_error(tmp_path: P
 # --------------------------------------------------------------------------- sibling forks
 
 SIBLING = r"""
-import ctypes, os, runpy, sys
+import ctypes, os, runpy, sys, time
 agent = runpy.run_path(sys.argv[1], run_name="sandbox_agent")
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the agent
 read_end, write_end = os.pipe()
+top = os.getpid()
 zygote = os.fork()
 if zygote == 0:
     fork = agent["SiblingFork"].probe() if sys.argv[2] == "clone" else agent["MiddleFork"]()
@@ -855,6 +856,12 @@ if zygote == 0:
         mask = ctypes.create_string_buffer(128)
         # glibc's idea of this thread's id: right only if the fork stored it
         own = libc.pthread_getaffinity_np(ctypes.c_ulong(pthread_self()), 128, mask) == 0
+        # A double fork's middle may not have exited yet (the zygote waits for it before it
+        # reports a spare, so a real spare is always adopted by then).
+        for _ in range(5000):
+            if os.getppid() == top:
+                break
+            time.sleep(0.001)
         os.write(write_end, f"{os.getppid()} {own}".encode())
         os._exit(0)
     os._exit(0)
