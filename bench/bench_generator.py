@@ -32,45 +32,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from agent_workload import (
+    TRAJECTORIES,
+    TURNS,
+    VOCAB,
+    Workload,
+    first_prompts,
+    reusable,
+    tokens,
+    tool_output,
+)
 from transformers.utils import logging as hf_logging
 
 from services.generator.engine import GenerateRequest, Sample, Sampling
 from services.generator.torch_engine import TorchEngine
 from services.runtime import logs
 
-VOCAB = 2048
-SYSTEM_TOKENS = 300
-TASK_TOKENS = 40
-TOOL_TOKENS = 100
-NEW_TOKENS = 16
-TRAJECTORIES = 4
-TURNS = 8
 #: The policy: a random Qwen2 wider than `temper model init`'s so that prefill weighs
 #: what it does in real models (at hidden 128 a decode step costs ~50 prefill tokens).
 LAYERS = 2
 HIDDEN = 768
 GOAL_CACHED = 0.90
 GOAL_SPEEDUP = 3.0
-
-
-@dataclass(frozen=True)
-class Workload:
-    trajectories: int = TRAJECTORIES
-    turns: int = TURNS
-    system_tokens: int = SYSTEM_TOKENS
-    task_tokens: int = TASK_TOKENS
-    tool_tokens: int = TOOL_TOKENS
-    new_tokens: int = NEW_TOKENS
 
 
 @dataclass
@@ -105,37 +96,6 @@ class Lane:
 
 
 # ---------------------------------------------------------------- workload
-
-
-def tokens(seed: int, count: int) -> list[int]:
-    """``count`` pseudo-random ordinary token ids (no special ids below 10)."""
-    rng = random.Random(seed)
-    return [rng.randrange(10, VOCAB) for _ in range(count)]
-
-
-def tool_output(trajectory: int, turn: int, output: Sequence[int], count: int) -> list[int]:
-    """The deterministic local tool: an observation derived from the call's tokens."""
-    digest = zlib.crc32(bytes(f"{trajectory}/{turn}/{list(output)}", "ascii"))
-    return tokens(digest, count)
-
-
-def first_prompts(work: Workload) -> list[list[int]]:
-    system = tokens(0, work.system_tokens)
-    return [system + tokens(1000 + t, work.task_tokens) for t in range(work.trajectories)]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def reusable(prompt: Sequence[int], seen: Sequence[Sequence[int]]) -> int:
-    best = max((common_prefix(prompt, s) for s in seen), default=0)
-    return min(best, len(prompt) - 1)
 
 
 # ---------------------------------------------------------------- running

@@ -55,7 +55,7 @@ from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSetti
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.agent_client import ExecRequest
 from services.sandbox.backend import Box
-from services.sandbox.docker_backend import OWNER_LABEL
+from services.sandbox.docker_backend import OWNER_LABEL, docker_problem
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import SandboxSettings
 
@@ -201,24 +201,6 @@ def render(fig: Figures) -> list[str]:
 
 
 # ---------------------------------------------------------------- prerequisites
-
-
-def docker_problem() -> str | None:
-    """Why no Docker engine can be used here, or None."""
-    if shutil.which("docker") is None:
-        return "the docker CLI is not installed"
-    try:
-        info = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except subprocess.TimeoutExpired:
-        return "the Docker engine does not answer (docker info timed out)"
-    if info.returncode != 0:
-        return f"the Docker engine does not answer: {info.stderr.strip()[-300:]}"
-    return None
 
 
 def build_image() -> tuple[str | None, str]:

@@ -21,26 +21,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from agent_workload import (
+    NEW_TOKENS,
+    TOOL_TOKENS,
+    TRAJECTORIES,
+    TURNS,
+    Workload,
+    first_prompts,
+    reusable,
+    tokens,
+    tool_output,
+)
 
 from services.generator.engine import GenerateRequest, Sampling
 from services.generator.sglang_engine import SGLangEngine
 from services.generator.sglang_server import SGLangServer, SGLangServerSettings, sglang_python
 
-VOCAB = 2048
-SYSTEM_TOKENS = 300
-TASK_TOKENS = 40
-TOOL_TOKENS = 100
-NEW_TOKENS = 16
-TRAJECTORIES = 4
-TURNS = 8
 THROUGHPUT_TOKENS = 64
 THROUGHPUT_BATCH = 8
 
@@ -63,35 +66,8 @@ class Lane:
         return self.cached_tokens / self.reusable_tokens if self.reusable_tokens else 0.0
 
 
-def tokens(seed: int, count: int) -> list[int]:
-    """``count`` pseudo-random ordinary token ids (no special ids below 10)."""
-    rng = random.Random(seed)
-    return [rng.randrange(10, VOCAB) for _ in range(count)]
-
-
-def tool_output(trajectory: int, turn: int, output: Sequence[int]) -> list[int]:
-    """The deterministic local tool: an observation derived from the call's tokens."""
-    digest = zlib.crc32(f"{trajectory}/{turn}/{list(output)}".encode())
-    return tokens(digest, TOOL_TOKENS)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def reusable(prompt: Sequence[int], seen: Sequence[Sequence[int]]) -> int:
-    best = max((common_prefix(prompt, s) for s in seen), default=0)
-    return min(best, len(prompt) - 1)
-
-
 async def run_lane(engine: SGLangEngine, lane: Lane, turns: int, flush_each: bool) -> None:
-    system = tokens(0, SYSTEM_TOKENS)
-    conversations = [system + tokens(1000 + t, TASK_TOKENS) for t in range(TRAJECTORIES)]
+    conversations = first_prompts(Workload())
     await engine.flush_cache()
     for turn in range(turns):
         for index, prompt in enumerate(conversations):
@@ -113,7 +89,7 @@ async def run_lane(engine: SGLangEngine, lane: Lane, turns: int, flush_each: boo
             conversations[index] = [
                 *prompt,
                 *sample.output_ids,
-                *tool_output(index, turn, sample.output_ids),
+                *tool_output(index, turn, sample.output_ids, TOOL_TOKENS),
             ]
 
 

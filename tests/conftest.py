@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
+from services.sandbox.docker_backend import docker_problem
+from tests.required import unavailable
 from tests.sglang_fixtures import (  # noqa: F401  (fixtures, used by name)
     sglang_python,
     sglang_second_server,
@@ -49,45 +49,22 @@ PREREQUISITE_MISSING = 3
 BUILD_TIMEOUT_S = 1200
 
 
-def _unavailable(reason: str) -> None:
-    """In CI (CI=true or TEMPER_REQUIRE_DOCKER=1) a missing engine fails; elsewhere it skips."""
-    if os.environ.get("TEMPER_REQUIRE_DOCKER") == "1" or os.environ.get("CI") == "true":
-        pytest.fail(f"Docker is required here (CI) but {reason}")
-    pytest.skip(reason)
-
-
-def _docker_problem() -> str | None:
-    if shutil.which("docker") is None:
-        return "the docker CLI is not installed"
-    try:
-        info = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except subprocess.TimeoutExpired:
-        return "the Docker engine does not answer (docker info timed out)"
-    if info.returncode != 0:
-        return f"the Docker engine does not answer: {info.stderr.strip()[-300:]}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def sandbox_image() -> str:
     """The offline sandbox image (built once; cached by content hash outside the clone).
 
     Without a Docker engine: skip, unless CI=true or TEMPER_REQUIRE_DOCKER=1, where it fails.
     """
-    problem = _docker_problem()
+    problem = docker_problem()
     if problem is not None:
-        _unavailable(problem)
+        unavailable("Docker", problem, flag="TEMPER_REQUIRE_DOCKER")
     started = time.monotonic()
     build = subprocess.run(
         [str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
     )
     if build.returncode == PREREQUISITE_MISSING:
-        _unavailable(f"cannot build the sandbox image: {build.stderr.strip()[-300:]}")
+        reason = f"cannot build the sandbox image: {build.stderr.strip()[-300:]}"
+        unavailable("Docker", reason, flag="TEMPER_REQUIRE_DOCKER")
     assert build.returncode == 0, f"build-offline.sh failed:\n{build.stderr[-4000:]}"
     tag = build.stdout.strip().splitlines()[-1]
     assert tag.startswith("temper-sandbox:"), build.stdout

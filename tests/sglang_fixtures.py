@@ -27,6 +27,7 @@ from services.generator.sglang_server import (
 from services.generator.sglang_server import (
     sglang_python as find_sglang_python,
 )
+from tests.required import unavailable
 
 __all__ = [
     "sglang_python",
@@ -40,14 +41,8 @@ BUILD_TIMEOUT_S = 1500
 SGLangServerFactory = Callable[..., SGLangServer]
 
 
-def sglang_required() -> bool:
-    return os.environ.get("CI") == "true" or os.environ.get("TEMPER_REQUIRE_SGLANG") == "1"
-
-
 def _unavailable(reason: str) -> None:
-    if sglang_required():
-        pytest.fail(f"the CPU SGLang server is required here (CI) but {reason}")
-    pytest.skip(reason)
+    unavailable("the CPU SGLang server", reason, flag="TEMPER_REQUIRE_SGLANG")
 
 
 @pytest.fixture(scope="session")

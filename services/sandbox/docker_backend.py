@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +38,24 @@ OWNER_LABEL = "temper.sandbox.owner"
 SOCKET_DIR_IN_CONTAINER = "/run/temper"
 SOCKET_NAME = "agent.sock"
 READY_TIMEOUT_S = 20.0
+
+
+def docker_problem() -> str | None:
+    """Why no Docker engine can be used from here (CLI missing, engine silent), or None."""
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return "the Docker engine does not answer (docker info timed out)"
+    if info.returncode != 0:
+        return f"the Docker engine does not answer: {info.stderr.strip()[-300:]}"
+    return None
 
 
 class ImageMissing(RuntimeError):

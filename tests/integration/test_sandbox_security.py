@@ -41,6 +41,7 @@ from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings
 from tests.conftest import REPO
 from tests.integration.support import client
+from tests.unit.test_sandbox_agent import MEMORY_SCAN
 
 S = SandboxStatus
 RESULTS: Codec[SandboxResult] = Codec(SandboxResult)
@@ -973,29 +974,6 @@ async def test_stopping_mid_refill_leaves_no_container(
 def _no_stray_sandbox_process() -> Iterator[None]:
     yield
     assert escaped_processes() == []
-
-
-#: Counts the secret in this process's writable memory, never holding it whole itself:
-#: its two halves arrive reversed and stay apart.
-MEMORY_SCAN = """
-import ctypes
-head, tail = HEAD[::-1].encode(), TAIL[::-1].encode()
-found = 0
-for line in open("/proc/self/maps"):
-    span, perms = line.split()[:2]
-    if not perms.startswith("rw"):
-        continue
-    start, end = (int(x, 16) for x in span.split("-"))
-    try:
-        data = ctypes.string_at(start, end - start)
-    except (OSError, ValueError):
-        continue
-    at = data.find(head)
-    while at >= 0:
-        found += data[at + len(head) : at + len(head) + len(tail)] == tail
-        at = data.find(head, at + 1)
-print(found)
-"""
 
 
 async def test_a_task_cannot_read_the_previous_task_from_memory(single: Pool) -> None:

@@ -13,6 +13,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_generator.py"
 
 
 def load_bench() -> ModuleType:
+    # The bench imports its workload module from its own folder, as when run as a script.
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("bench_generator", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
