@@ -69,6 +69,8 @@ async def test_policy_versions_flow_back_to_the_generator(
             min_samples=4,
             sample_wait_s=0.5,
             lr=1e-3,
+            # Every version stays on disk: the learner may publish several before the checks.
+            keep_versions=1000,
         )
     )
     async with client(nats_url) as nc:
