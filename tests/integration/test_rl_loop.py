@@ -24,11 +24,11 @@ from services.validator.settings import ValidatorSettings
 from tests.integration.support import client, runtime
 
 
-def _tasks(count: int) -> list[Task]:
+def _tasks(count: int, seed: int) -> list[Task]:
     domain = load_registry(None).get("arithmetic")
     return [
         Task(**{**_fields(task), "n": 4})  # a group of 4: advantages need more than one
-        for task in domain.make_tasks(count, split="train", seed=1)
+        for task in domain.make_tasks(count, split="train", seed=seed)
     ]
 
 
@@ -78,15 +78,18 @@ async def test_policy_versions_flow_back_to_the_generator(
         await nc.subscribe(subjects.policy_update(), cb=on_update)
         async with generator, validator, replay, learner:
             js = nc.jetstream()
-            for task in _tasks(12):
-                await js.publish(
-                    subjects.task(task.tier, task.domain),
-                    encode(task),
-                    headers={"Nats-Msg-Id": task.id},
-                )
+            # Tasks keep coming, as in a run: the first ones may all be generated before
+            # the learner's first step, and only later ones can carry a newer version.
+            rounds = iter(range(1, 1000))
             async with asyncio.timeout(240):
                 while not any((s.rollout.policy_version or 0) >= 1 for s in scored):
-                    await asyncio.sleep(0.2)
+                    for task in _tasks(4, seed=next(rounds)):
+                        await js.publish(
+                            subjects.task(task.tier, task.domain),
+                            encode(task),
+                            headers={"Nats-Msg-Id": task.id},
+                        )
+                    await asyncio.sleep(0.5)
             assert learner.trainer.step >= 1
             assert generator.version >= 1
 
