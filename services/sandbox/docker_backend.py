@@ -26,6 +26,7 @@ import aiodocker.exceptions
 from aiodocker.containers import DockerContainer
 
 from protocol.messages import SandboxStatus
+from services.runtime.tasks import run_to_end
 from services.sandbox import cgroups
 from services.sandbox.agent_client import AgentClient, AgentError, ExecRequest
 from services.sandbox.backend import Box, Outcome, SandboxUnavailable, agent_status
@@ -278,6 +279,9 @@ class DockerBackend(WarmPool):
         await self._remove(box.id, str(box.extra.get("name", "")))
 
     async def _remove(self, container_id: str, name: str) -> None:
+        await run_to_end(self._remove_now(container_id, name))
+
+    async def _remove_now(self, container_id: str, name: str) -> None:
         with contextlib.suppress(aiodocker.exceptions.DockerError):
             await self.docker.containers.container(container_id).delete(force=True)
         if name:

@@ -10,6 +10,7 @@ from typing import Any
 
 from protocol.messages import SandboxStatus
 from services.runtime.logs import get_logger
+from services.runtime.tasks import run_to_end
 from services.sandbox.agent_client import (
     AgentError,
     AgentTimeout,
@@ -145,6 +146,12 @@ class WarmPool(abc.ABC):
         self._wanted.set()
 
     async def _discard(self, box: Box) -> None:
+        # Stopping the service cancels this: a removal abandoned half-way would leave the
+        # sandbox behind, no longer in _boxes for close() to find.
+        await run_to_end(self._dispose(box))
+        self.recycled += 1
+
+    async def _dispose(self, box: Box) -> None:
         try:
             await box.agent.close()
             await self._destroy(box)
@@ -152,7 +159,6 @@ class WarmPool(abc.ABC):
             # Only once it is gone: pool_size bounds the containers that exist, so its
             # replacement is not started while it is still being removed.
             self._boxes.pop(box.id, None)
-        self.recycled += 1
 
     async def close(self) -> None:
         await asyncio.gather(*self._chores, return_exceptions=True)

@@ -221,27 +221,34 @@ class Pool:
     async def watching(self, interval_s: float = 0.02) -> AsyncIterator[Watch]:
         """Sample the host's view of this pool's containers while the block runs."""
         watch = Watch()
+        # One sample before and one after, whatever the load: a run can end before a
+        # loaded engine answers the first listing.
+        await self._sample(watch)
         async with asyncio.TaskGroup() as group:
-            sampler = group.create_task(self._sample(watch, interval_s))
+            sampler = group.create_task(self._keep_sampling(watch, interval_s))
             try:
                 yield watch
             finally:
                 sampler.cancel()
+        await self._sample(watch)
 
-    async def _sample(self, watch: Watch, interval_s: float) -> None:
+    async def _keep_sampling(self, watch: Watch, interval_s: float) -> None:
         while True:
-            ids = await self.containers()
-            ready = {box.id for box in self.boxes()}  # set up: their agent answered
-            watch.containers_max = max(watch.containers_max, len(ids))
-            for cid in ids:
-                pids = cgroup_pids(cid)
-                watch.pids_max[cid] = max(watch.pids_max.get(cid, 0), len(pids))
-                watch.memory_max[cid] = max(watch.memory_max.get(cid, 0), memory_peak(cid))
-                if cid in ready:
-                    watch.root_processes.update(root_processes(pids))
-            watch.escaped.update(escaped_processes())
-            watch.samples += 1
+            await self._sample(watch)
             await asyncio.sleep(interval_s)
+
+    async def _sample(self, watch: Watch) -> None:
+        ids = await self.containers()
+        ready = {box.id for box in self.boxes()}  # set up: their agent answered
+        watch.containers_max = max(watch.containers_max, len(ids))
+        for cid in ids:
+            pids = cgroup_pids(cid)
+            watch.pids_max[cid] = max(watch.pids_max.get(cid, 0), len(pids))
+            watch.memory_max[cid] = max(watch.memory_max.get(cid, 0), memory_peak(cid))
+            if cid in ready:
+                watch.root_processes.update(root_processes(pids))
+        watch.escaped.update(escaped_processes())
+        watch.samples += 1
 
 
 def pool_settings(url: str, tmp_path: Path, image: str, **overrides: Any) -> SandboxSettings:
@@ -372,6 +379,18 @@ async def test_memory_bomb_is_an_oom(pool: Pool, language: str, code: str) -> No
     assert 0 < max(watch.memory_max.values()) <= MEMORY_MB << 20  # the host's memory: untouched
     assert watch.containers_max <= pool.size
     await pool.assert_recovered()
+
+
+async def test_stopping_while_a_spoiled_sandbox_is_removed_leaves_nothing(
+    open_pool: Callable[..., contextlib.AbstractAsyncContextManager[Pool]],
+) -> None:
+    # The service stops the moment the reply is in, while the OOM-spoiled container is
+    # still being removed: that removal runs to its end (open_pool checks that no
+    # container and no socket directory is left).
+    async with open_pool() as pool:
+        hog = await pool.run("x = bytearray(1 << 30)")
+        assert hog.status is S.OOM, hog
+        assert pool.stat("sandboxes_recycled") == 0  # the removal is still under way
 
 
 # --------------------------------------------------------------------------- disk
