@@ -1,13 +1,17 @@
 """The embedded torch engine: a Hugging Face causal LM through transformers, on CPU or one GPU.
 
 - Token ids in, token ids out: the engine never sees text (no tokenizer is loaded).
-- Requests are **serialized**: one worker thread runs one request at a time, in arrival
-  order (a FIFO asyncio lock in front of a single-thread executor), so the event loop stays
-  free while torch computes.  The ``n`` samples of a request are one batch: the prompt is
-  prefilled once, its KV repeated to ``n`` rows, and the rows decoded together (identical
-  lengths, so no padding or attention mask).  A finished row leaves the batch.
-  Micro-batching different prompts would need padding and per-row positions; on the CPU
-  the prefix cache buys more than that would.
+- Requests are **batched**: concurrent requests decode together, one token per row per
+  step, on one worker thread (so the event loop stays free while torch computes).  A new
+  request is prefilled alone (its prompt through the prefix cache), its KV repeated to
+  its ``n`` rows, and the rows join the running batch at the next step, left-padded to
+  the batch's width with per-row positions (:mod:`services.generator.torch_batch`); a
+  finished row leaves at once.  A decode step on these machines is bound by reading the
+  weights, so rows decoded together cost about what one costs alone.  Each request
+  samples from its own rows with its own generator, so a seed gives the same draws
+  whatever else is in the batch.
+- Weight updates are ordered with requests: an update waits for the requests admitted
+  before it, and requests that arrive meanwhile wait for the update.
 - Prefix cache: a token-level radix tree (:mod:`services.generator.radix`) of per-token
   KV.  The longest cached prefix of ``prompt[:-1]`` is reused (at least one prompt token
   always runs, to get the logits of the first new token).  After prefill the prompt is
@@ -30,7 +34,7 @@ import concurrent.futures
 import inspect
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -51,6 +55,7 @@ from services.generator.engine import (
     WeightUpdateError,
 )
 from services.generator.radix import Match, Node, RadixCache, RadixStatistics
+from services.generator.torch_batch import Batch, full_attention
 from services.generator.torch_weights import (
     apply_state_dict,
     check_state_dict,
@@ -83,6 +88,29 @@ class _Row:
     finish: FinishKind | None = None
 
 
+@dataclass(eq=False)
+class _Job:
+    """A request from admission to its samples.
+
+    ``done`` belongs to the event loop; the rest to the worker thread once admitted.
+    """
+
+    request: GenerateRequest
+    done: asyncio.Future[tuple[list[Sample], int]]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    prompt: list[int] = field(default_factory=list)
+    rows: list[_Row] = field(default_factory=list)
+    lease: _Lease | None = None
+    generator: torch.Generator | None = None
+    stop: frozenset[int] = frozenset()
+    budget: int = 0
+    result: tuple[list[Sample], int] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(row.finish is not None for row in self.rows)
+
+
 class TorchEngine:
     """:class:`~services.generator.engine.Engine` over a local transformers model."""
 
@@ -113,9 +141,17 @@ class TorchEngine:
         self._closed = False
         # Single worker thread: torch work is serialized however callers are cancelled.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-engine")
-        # FIFO in front of the executor: a weight update waits for requests that came first.
-        self._lock = asyncio.Lock()
-        self._running: threading.Event | None = None
+        # FIFO for admissions and weight updates: an update waits for requests that came first.
+        self._admission = asyncio.Lock()
+        self._waiting: list[_Job] = []
+        self._serving: asyncio.Task[None] | None = None
+        self._quiet = asyncio.Event()  # set: no request admitted and unfinished
+        self._quiet.set()
+        self._batch: Batch[_Job] = Batch(self.device)
+        self._batchable = True
+        self.decode_steps = 0
+        self.decode_rows = 0
+        self.peak_rows = 0
 
     # ------------------------------------------------------------------ Engine API
 
@@ -131,8 +167,8 @@ class TorchEngine:
         if self._closed:
             return
         self._closed = True
-        if self._running is not None:
-            self._running.set()  # the current request stops at its next decode step
+        if self._serving is not None:
+            await asyncio.wait([self._serving])  # ends after the step under way
         await asyncio.to_thread(self._executor.shutdown, True, cancel_futures=True)
         self._model = None
         self._prefix = None
@@ -140,31 +176,24 @@ class TorchEngine:
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         self._check_open()
         self._check_request(request)
-        cancel = threading.Event()
-        async with self._lock:
+        async with self._admission:
             self._check_open()
-            self._running = cancel
-            try:
-                samples, cached = await self._call(self._generate, request, cancel)
-            except asyncio.CancelledError:
-                cancel.set()
-                if self._closed and not _cancelling():
-                    # close() dropped the queued work: a failure, not a cancellation.
-                    raise EngineError("torch engine closed during the request") from None
-                raise
-            except (EngineError, InvalidRequestError):
-                raise
-            except Exception as exc:  # torch/transformers failure: infrastructure, typed
-                raise EngineError(f"torch engine failed: {exc!r}") from exc
-            finally:
-                self._running = None
+            job = _Job(request, asyncio.get_running_loop().create_future())
+            self._waiting.append(job)
+            self._serve_soon()
+        try:
+            samples, cached = await job.done
+        except asyncio.CancelledError:
+            job.cancel.set()  # its rows leave the batch at the next step
+            raise
         self._count(request, samples, cached)
         return samples
 
     async def load_weights(self, version: int, source: str) -> None:
         self._check_open()
         cancel = threading.Event()
-        async with self._lock:  # in-flight and earlier requests finish first
+        async with self._admission:  # requests admitted earlier finish first
+            await self._quiet.wait()
             try:
                 await self._call(self._load_weights, version, source, cancel)
             except asyncio.CancelledError:
@@ -183,6 +212,16 @@ class TorchEngine:
         return self._counters.snapshot(self._version)
 
     # ------------------------------------------------------------------ extras
+
+    def batch_statistics(self) -> dict[str, float]:
+        """Decode steps so far, the rows they carried, the most rows in one step."""
+        steps, rows = self.decode_steps, self.decode_rows
+        return {
+            "decode_steps": steps,
+            "decode_rows": rows,
+            "rows_per_step": rows / max(steps, 1),
+            "peak_rows": self.peak_rows,
+        }
 
     def cache_statistics(self) -> RadixStatistics:
         """The prefix cache's own figures (all zero when it is disabled)."""
@@ -203,6 +242,53 @@ class TorchEngine:
         """Run ``fn`` on the worker thread (after whatever was submitted before it)."""
         future = self._executor.submit(fn, *args, **kwargs)
         return await asyncio.wrap_future(future)
+
+    def _serve_soon(self) -> None:
+        if self._serving is None or self._serving.done():
+            self._quiet.clear()
+            self._serving = asyncio.get_running_loop().create_task(self._serve())
+
+    async def _serve(self) -> None:
+        """Step the batch while any request waits or decodes; the worker runs each step."""
+        try:
+            while (self._waiting or self._batch) and not self._closed:
+                admitted = self._admissible()
+                try:
+                    finished = await self._call(self._step, admitted)
+                except Exception as exc:  # torch/transformers failure: infrastructure, typed
+                    self._fail(admitted, EngineError(f"torch engine failed: {exc!r}"))
+                    continue
+                for job in finished:
+                    _resolve(job)
+            if self._closed:
+                self._fail([], EngineError("torch engine closed during the request"))
+        finally:
+            self._quiet.set()
+
+    def _admissible(self) -> list[_Job]:
+        """The waiting requests that join at the next step: all of them, or one at a time
+        for a model whose layers cannot be left-padded (sliding window, recurrent)."""
+        if self._batchable:
+            admitted, self._waiting = self._waiting, []
+        elif self._batch:
+            admitted = []
+        else:
+            admitted, self._waiting = self._waiting[:1], self._waiting[1:]
+        return admitted
+
+    def _fail(self, admitted: list[_Job], error: EngineError) -> None:
+        """Every unfinished request fails with ``error``; the batch starts afresh.
+
+        Only between steps, while the worker thread is idle.
+        """
+        jobs = {*admitted, *self._waiting, *self._batch.owners}
+        self._waiting = []
+        self._batch = Batch(self.device)
+        for job in jobs:
+            if job.lease is not None:
+                job.lease.release()
+            if not job.done.done():
+                job.done.set_exception(error)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -249,6 +335,7 @@ class TorchEngine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._eos = _eos_ids(self.model_dir, model)
+        self._batchable = full_attention(DynamicCache(config=model.config))
         self._model = model
         self._prefix = self._new_prefix_cache(model)
         log.info(
@@ -262,8 +349,7 @@ class TorchEngine:
     def _new_prefix_cache(self, model: PreTrainedModel) -> RadixCache | None:
         if self.cache_bytes <= 0:
             return None
-        layers = DynamicCache(config=model.config).layers
-        if any(type(layer) is not DynamicLayer for layer in layers):
+        if not self._batchable:
             # Sliding-window or recurrent layers do not keep one K/V per token.
             log.warning("prefix_cache_disabled", reason="model has non-full-attention layers")
             return None
@@ -292,19 +378,102 @@ class TorchEngine:
         self._version = version
 
     @torch.inference_mode()
-    def _generate(
-        self, request: GenerateRequest, cancel: threading.Event
-    ) -> tuple[list[Sample], int]:
-        """(samples, prompt tokens served from the prefix cache)."""
-        prompt = list(request.prompt_ids)
-        sampling = request.sampling
-        budget = min(sampling.max_new_tokens, self.max_context - len(prompt))
-        if budget <= 0:
-            return [self._sample(_Row(finish="length"), 0) for _ in range(request.n)], 0
-        with self._prefix_lease(prompt) as lease:
-            logits = self._prefill(prompt, lease)
-            rows = self._decode(prompt, lease, logits, sampling, request.n, budget, cancel)
-        return [self._sample(row, lease.cached) for row in rows], lease.cached
+    def _step(self, admitted: list[_Job]) -> list[_Job]:
+        """One step: every decoding row gets its next token, new requests their first.
+
+        Returns the requests that finished (their ``result`` set).
+        """
+        self._drop_cancelled()
+        if self._batch:
+            self._advance()
+        at_once = []
+        for job in admitted:
+            if job.cancel.is_set():
+                continue
+            self._admit(job)
+            if job.result is not None:  # no room for any output: it never joined
+                at_once.append(job)
+        return at_once + self._retire()
+
+    def _drop_cancelled(self) -> None:
+        batch = self._batch
+        keep = [i for i, job in enumerate(batch.owners) if not job.cancel.is_set()]
+        if len(keep) == len(batch):
+            return
+        for job in dict.fromkeys(batch.owners):
+            if job.cancel.is_set() and job.lease is not None:
+                job.lease.release()
+        batch.keep(keep)
+
+    def _admit(self, job: _Job) -> None:
+        """Prefill the prompt (through the prefix cache), sample each row's first token,
+        and join the batch; a request with no room for output finishes at once."""
+        request, sampling = job.request, job.request.sampling
+        job.prompt = list(request.prompt_ids)
+        job.rows = [_Row() for _ in range(request.n)]
+        job.budget = min(sampling.max_new_tokens, self.max_context - len(job.prompt))
+        if job.budget <= 0:
+            for row in job.rows:
+                row.finish = "length"
+            job.result = ([self._sample(row, 0) for row in job.rows], 0)
+            return
+        job.generator = _generator(self.device, sampling.seed)
+        job.stop = self._eos | set(sampling.stop_token_ids)
+        job.lease = _Lease(self._prefix, job.prompt, self._new_cache).acquire()
+        logits = self._prefill(job.prompt, job.lease)
+        cache = job.lease.cache
+        if request.n > 1:  # one prefill, n rows (repeat_interleave copies even for 1)
+            cache.batch_repeat_interleave(request.n)
+            logits = logits.expand(request.n, -1)
+        self._sample_rows(job, range(request.n), logits)
+        self._batch.add(cache, job, request.n)
+
+    def _advance(self) -> None:
+        """Feed every row its last token; sample the next one per request."""
+        batch = self._batch
+        last = [job.rows[r].output[-1] for job, r in batch.members()]
+        logits = self._forward_batch(batch, last)
+        batch.stepped()
+        self.decode_steps += 1
+        self.decode_rows += len(batch)
+        self.peak_rows = max(self.peak_rows, len(batch))
+        for job, span in batch.spans():
+            self._sample_rows(job, batch.rows[span], logits[span])
+
+    def _sample_rows(self, job: _Job, rows: Sequence[int], logits: torch.Tensor) -> None:
+        assert job.generator is not None
+        tokens, logprobs = sample_tokens(logits, job.request.sampling, job.generator)
+        for r, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            _append(job.rows[r], token, logprob, job.stop, job.budget)
+
+    def _retire(self) -> list[_Job]:
+        """Store the finished rows' KV, drop them from the batch; the requests done."""
+        batch = self._batch
+        keep: list[int] = []
+        leaving: list[_Job] = []
+        for i, (job, r) in enumerate(batch.members()):
+            row = job.rows[r]
+            if row.finish is None:
+                keep.append(i)
+                continue
+            leaving.append(job)
+            if self.cache_outputs and job.lease is not None:
+                # All but the last token, whose KV was never computed.
+                start, end = len(job.prompt), len(job.prompt) + len(row.output) - 1
+                kv = batch.row_kv(i, start, end)
+                job.lease.store(job.prompt + row.output[:-1], kv, start)
+        if len(keep) < len(batch):
+            batch.keep(keep)
+        done = [job for job in dict.fromkeys(leaving) if job.finished]
+        for job in done:
+            self._complete(job)
+        return done
+
+    def _complete(self, job: _Job) -> None:
+        assert job.lease is not None
+        cached = job.lease.cached
+        job.lease.release()
+        job.result = ([self._sample(row, cached) for row in job.rows], cached)
 
     def _sample(self, row: _Row, cached: int) -> Sample:
         return Sample(
@@ -314,9 +483,6 @@ class TorchEngine:
             cached_tokens=cached,
             version=self._version,
         )
-
-    def _prefix_lease(self, prompt: list[int]) -> _Lease:
-        return _Lease(self._prefix, prompt, self._new_cache)
 
     def _new_cache(self, kv: torch.Tensor | None) -> DynamicCache:
         cache = DynamicCache(config=self._loaded().config)
@@ -328,65 +494,28 @@ class TorchEngine:
     def _prefill(self, prompt: list[int], lease: _Lease) -> torch.Tensor:
         ids = torch.tensor([prompt[lease.cached :]], device=self.device)
         logits = self._forward(ids, lease.cache)
-        lease.store(prompt, lease.cached, row=0, pin=True)
+        kv = _cache_kv(lease.cache, lease.cached, len(prompt))
+        lease.store(prompt, kv, lease.cached, pin=True)
         return logits
-
-    def _decode(
-        self,
-        prompt: list[int],
-        lease: _Lease,
-        logits: torch.Tensor,
-        sampling: Sampling,
-        n: int,
-        budget: int,
-        cancel: threading.Event,
-    ) -> list[_Row]:
-        """Sample ``n`` continuations from the prefill ``logits`` ([1, vocab])."""
-        generator = _generator(self.device, sampling.seed)
-        stop = self._eos | set(sampling.stop_token_ids)
-        rows = [_Row() for _ in range(n)]
-        active = list(range(n))  # batch position -> row
-        if n > 1:  # one prefill, n rows (repeat_interleave copies even for 1)
-            lease.cache.batch_repeat_interleave(n)
-            logits = logits.expand(n, -1)
-        while active:
-            tokens, logprobs = sample_tokens(logits, sampling, generator)
-            for r, token, logprob in zip(active, tokens.tolist(), logprobs.tolist(), strict=True):
-                _append(rows[r], token, logprob, stop, budget)
-            if cancel.is_set():
-                break
-            keep = [i for i, r in enumerate(active) if rows[r].finish is None]
-            if len(keep) < len(active):
-                self._retire(prompt, lease, rows, active, keep)
-                active = [active[i] for i in keep]
-            if active:
-                last = torch.tensor([[rows[r].output[-1]] for r in active], device=self.device)
-                logits = self._forward(last, lease.cache)
-        return rows
-
-    def _retire(
-        self, prompt: list[int], lease: _Lease, rows: list[_Row], active: list[int], keep: list[int]
-    ) -> None:
-        """Store the finished rows' KV, then drop them from the batch."""
-        if self.cache_outputs:
-            for i, r in enumerate(active):
-                if rows[r].finish is not None:
-                    lease.store(prompt + rows[r].output[:-1], len(prompt), row=i)
-        if keep:
-            lease.cache.batch_select_indices(torch.tensor(keep, device=self.device))
 
     def _forward(self, ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """Logits of the last position, float32, [batch, vocab]; ``cache`` grows in place."""
-        kwargs = {self._cache_kw: cache}
-        out = self._loaded()(input_ids=ids, use_cache=True, logits_to_keep=1, **kwargs)
+        return self._logits(input_ids=ids, **{self._cache_kw: cache})
+
+    def _forward_batch(self, batch: Batch[_Job], last: list[int]) -> torch.Tensor:
+        return self._logits(**batch.step_inputs(last), **{self._cache_kw: batch.cache})
+
+    def _logits(self, **inputs: object) -> torch.Tensor:
+        out = self._loaded()(use_cache=True, logits_to_keep=1, **inputs)
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits.float()
 
 
 class _Lease:
-    """A request's hold on the prefix cache: its matched KV and the nodes it pins.
+    """A request's hold on the prefix cache: its matched KV and the node it pins.
 
-    A context manager so that the pin is released however decoding ends.
+    ``acquire`` on admission, ``release`` once the request leaves the batch (finished,
+    cancelled or failed), so that the tree never evicts what a request still extends.
     """
 
     def __init__(
@@ -402,7 +531,7 @@ class _Lease:
         self.cached = 0
         self.cache = DynamicCache()
 
-    def __enter__(self) -> _Lease:
+    def acquire(self) -> _Lease:
         match: Match | None = None
         if self.prefix is not None:
             # Never the whole prompt: its last token must run to give the next logits.
@@ -412,20 +541,19 @@ class _Lease:
         self.cache = self.new_cache(match.value if match is not None else None)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
         if self.prefix is not None and self.node is not None:
             self.prefix.unlock(self.node)
             self.node = None
 
-    def store(self, tokens: list[int], offset: int, *, row: int, pin: bool = False) -> None:
-        """Insert ``tokens``, whose KV from ``offset`` on is batch row ``row`` of the cache.
+    def store(self, tokens: list[int], kv: torch.Tensor, offset: int, *, pin: bool = False) -> None:
+        """Insert ``tokens`` whose KV from ``offset`` on is ``kv``.
 
         ``pin`` moves this request's pin to the stored node (the prompt: every output of
         the request is stored under it later).
         """
         if self.prefix is None or len(tokens) <= offset:
             return
-        kv = torch.stack([_row_kv(layer, row, offset, len(tokens)) for layer in self.cache.layers])
         node = self.prefix.insert(tokens, kv, offset=offset)
         if pin:
             self._pin(node)
@@ -438,19 +566,22 @@ class _Lease:
         self.node = node
 
 
-def _row_kv(layer: object, row: int, start: int, end: int) -> torch.Tensor:
-    """[2, kv_heads, end - start, head_dim] of one batch row of one cache layer."""
+def _cache_kv(cache: DynamicCache, start: int, end: int) -> torch.Tensor:
+    """``[layers, 2, kv_heads, end - start, head_dim]`` of a one-row cache's tokens."""
     # The prefix cache is only enabled when every layer is a plain DynamicLayer.
-    assert isinstance(layer, DynamicLayer)
-    keys, values = layer.keys, layer.values
-    assert keys is not None and values is not None
-    return torch.stack((keys[row, :, start:end], values[row, :, start:end]))
+    kv = []
+    for layer in cache.layers:
+        assert isinstance(layer, DynamicLayer)
+        keys, values = layer.keys, layer.values
+        assert keys is not None and values is not None
+        kv.append(torch.stack((keys[0, :, start:end], values[0, :, start:end])))
+    return torch.stack(kv)
 
 
-def _cancelling() -> bool:
-    """Whether the current task itself is being cancelled."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def _resolve(job: _Job) -> None:
+    """Hand a finished request its samples (on the event loop's thread)."""
+    if job.result is not None and not job.done.done():
+        job.done.set_result(job.result)
 
 
 # ---------------------------------------------------------------------- sampling

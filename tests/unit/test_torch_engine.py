@@ -358,6 +358,106 @@ async def test_cancelled_update_keeps_the_old_weights(
     assert engine.statistics().weight_updates == 0
 
 
+# ---------------------------------------------------------------------- batching requests
+
+#: Prompts of different lengths, so rows are left-padded to each other in the batch.
+PROMPTS = [PROMPT[:9], PROMPT, [*PROMPT[:23], 11, 12]]
+
+
+async def test_concurrent_requests_decode_together_with_fresh_logprobs(
+    engine: TorchEngine, reference: dict[str, torch.nn.Module]
+) -> None:
+    stop = tuple(range(100, 300))  # rows leave the batch at different steps
+    samplings = [Sampling(max_new_tokens=14, seed=s, stop_token_ids=stop) for s in (1, 2, 3)]
+    results = await asyncio.gather(
+        *(generate(engine, p, s, n=2) for p, s in zip(PROMPTS, samplings, strict=True))
+    )
+    for prompt, samples in zip(PROMPTS, results, strict=True):
+        assert len(samples) == 2
+        assert_fresh(reference["a"], prompt, samples)
+    assert engine.batch_statistics()["peak_rows"] > 2  # more than one request's rows at once
+
+
+async def test_a_request_joins_a_batch_already_decoding(
+    engine: TorchEngine, reference: dict[str, torch.nn.Module]
+) -> None:
+    long = asyncio.create_task(generate(engine, PROMPT[:9], Sampling(max_new_tokens=60, seed=0)))
+    while engine.batch_statistics()["decode_steps"] < 5:
+        await asyncio.sleep(0.001)
+    [late] = await generate(engine, PROMPT, Sampling(max_new_tokens=6, seed=4))
+    [first] = await long
+    assert_fresh(reference["a"], PROMPT, [late])
+    assert_fresh(reference["a"], PROMPT[:9], [first])
+    assert engine.batch_statistics()["decode_rows"] > engine.batch_statistics()["decode_steps"]
+
+
+async def test_batched_greedy_outputs_equal_one_at_a_time(models: dict[str, Path]) -> None:
+    together, alone = (TorchEngine(models["a"], device="cpu") for _ in range(2))
+    await asyncio.gather(together.start(), alone.start())
+    try:
+        batched = await asyncio.gather(*(generate(together, p) for p in PROMPTS))
+        serial = [await generate(alone, p) for p in PROMPTS]
+    finally:
+        await asyncio.gather(together.close(), alone.close())
+    for [b], [s] in zip(batched, serial, strict=True):
+        assert b.output_ids == s.output_ids
+        assert b.logprobs == pytest.approx(s.logprobs, abs=TOLERANCE)
+
+
+async def test_seeded_samples_do_not_depend_on_the_rest_of_the_batch(
+    engine: TorchEngine,
+) -> None:
+    sampling = Sampling(temperature=1.0, max_new_tokens=10, seed=42)
+    [alone] = await generate(engine, PROMPT, sampling)
+    crowd = [
+        generate(engine, p, Sampling(max_new_tokens=10, seed=i)) for i, p in enumerate(PROMPTS)
+    ]
+    [[among], *_] = await asyncio.gather(generate(engine, PROMPT, sampling), *crowd)
+    assert among.output_ids == alone.output_ids
+
+
+async def test_outputs_of_a_padded_batch_are_cached_for_the_next_turn(
+    engine: TorchEngine, reference: dict[str, torch.nn.Module]
+) -> None:
+    first = await asyncio.gather(*(generate(engine, p, GREEDY) for p in PROMPTS))
+    turns = [[*p, *s.output_ids, 7, 8, 9] for p, [s] in zip(PROMPTS, first, strict=True)]
+    second = await asyncio.gather(*(generate(engine, t, GREEDY) for t in turns))
+    for turn, [again] in zip(turns, second, strict=True):
+        # All but the last output token (never fed) and the tool's three.
+        assert again.cached_tokens == len(turn) - 4
+        assert_fresh(reference["a"], turn, [again])
+
+
+async def test_cancelling_one_request_leaves_the_others_in_the_batch(
+    engine: TorchEngine, reference: dict[str, torch.nn.Module]
+) -> None:
+    doomed = asyncio.create_task(generate(engine, PROMPT, Sampling(max_new_tokens=200, seed=0)))
+    kept = asyncio.create_task(generate(engine, PROMPT[:9], Sampling(max_new_tokens=40, seed=1)))
+    while engine.batch_statistics()["decode_steps"] < 3:
+        await asyncio.sleep(0.001)
+    doomed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    [sample] = await kept
+    assert len(sample.output_ids) == 40
+    assert_fresh(reference["a"], PROMPT[:9], [sample])
+
+
+async def test_close_fails_the_requests_in_the_batch(models: dict[str, Path]) -> None:
+    engine = TorchEngine(models["a"], device="cpu")
+    await engine.start()
+    running = [
+        asyncio.create_task(generate(engine, p, Sampling(max_new_tokens=200, seed=0)))
+        for p in PROMPTS
+    ]
+    while engine.batch_statistics()["decode_steps"] < 2:
+        await asyncio.sleep(0.001)
+    await engine.close()
+    for task in running:
+        with pytest.raises(EngineError, match="closed during the request"):
+            await task
+
+
 # ---------------------------------------------------------------------- service behaviour
 
 
