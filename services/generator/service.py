@@ -210,12 +210,25 @@ class GeneratorService(Service):
             values["tokens_per_s"] = stats.generated_tokens / uptime
             values["generated_tokens"] = float(stats.generated_tokens)
             values["cache_hit_ratio"] = stats.cache_hit_ratio
+            values.update(_batching_of(self.engine))
         values["policy_version"] = float(self.version)
         values["version_lag"] = float(max(0, self.latest_announced - self.version))
         values["weight_update_failures"] = float(self.weight_failures)
         for status in RolloutStatus:
             values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
         return values
+
+
+def _batching_of(engine: Engine) -> dict[str, float]:
+    """How many rows the engine decodes per step, where it batches requests itself."""
+    report = getattr(engine, "batch_statistics", None)
+    if not callable(report):  # a server engine (SGLang) batches on its side
+        return {}
+    figures: dict[str, float] = report()
+    return {
+        "decode_rows_per_step": figures["rows_per_step"],
+        "decode_peak_rows": figures["peak_rows"],
+    }
 
 
 def _context_len(model: Path) -> int:

@@ -99,9 +99,12 @@ async def tap(nc: NATS) -> RolloutTap:
 async def test_task_becomes_n_rollouts_and_is_acked(
     nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
 ) -> None:
-    async with GeneratorService(_settings(nats_url, tiny_model)):
+    async with GeneratorService(_settings(nats_url, tiny_model)) as service:
         await _submit(nc.jetstream(), _task("t-one", n=3))
         rollouts = await tap.wait(3)
+        stats = service.statistics()
+    # The group's rows decode as one batch (the torch engine reports its batching).
+    assert stats["decode_peak_rows"] >= 2 and stats["decode_rows_per_step"] >= 1
     assert sorted(r.id for r in rollouts) == ["t-one/0", "t-one/1", "t-one/2"]
     for rollout in rollouts:
         assert rollout.status is RolloutStatus.OK
