@@ -79,7 +79,7 @@ sends a request.
     {"op": "reset"} -> {"ok": true, "killed": N}
       Kills every process the executions left behind and empties the workdir (files,
       directories, dotfiles; not the workdir itself).  With ``--container``: every
-      process but PID 1, the agent and its zygote and spare (a /proc scan inside the
+      process but PID 1, the agent and its zygote and spares (a /proc scan inside the
       container's PID namespace); the container's other writable places (/tmp, /dev/shm,
       /dev/mqueue) are emptied too and its SysV IPC objects removed, so nothing one
       task leaves there reaches the next.  Without: nothing outside the agent's own
@@ -129,8 +129,9 @@ When the main process exits, its process group is killed: at once if the pipes a
 closed, else after a 50 ms grace (a background child holding stdout open cannot hang
 the exec).  The leader is reaped only after that kill, so the group id cannot have been
 reused.  With ``--container``, a timeout, an output limit, a cancellation or an expired
-grace also kills every other process but PID 1, the agent and its zygote (children that
-setsid() away); a process that left the group quietly survives until ``reset``.
+grace also kills every other process but PID 1, the agent, its zygote and spares
+(children that setsid() away); a process that left the group quietly survives until
+``reset``.
 """
 
 from __future__ import annotations
@@ -667,7 +668,7 @@ def kill_strays(
 ) -> tuple[int, bool]:
     """SIGKILL every stray until none is left: (distinct pids killed, all gone).
 
-    The agent itself is always spared; ``spared`` adds its helpers (zygote, spare).
+    The agent itself is always spared; ``spared`` adds its helpers (zygote, spares).
     ``on_reaped`` hears of every child reaped meanwhile.
     """
     spared |= {os.getpid()}
@@ -1027,9 +1028,10 @@ def _report_setup_failure(status_fd: int, exc: BaseException) -> NoReturn:
 # A spare is the agent's own child, so the agent waits for it and kills its group as
 # for a child it forked itself: the zygote forks it with clone(CLONE_PARENT) (see
 # SiblingFork), or where that is unsure forks twice over and lets the middle process
-# exit, so that the spare goes to the agent (PID 1, or a subreaper).  The next spare
-# is asked for as soon as a reply is out, so a run pays for handing its plan over,
-# not for a fork.
+# exit, so that the spare goes to the agent (PID 1, or a subreaper).  Spares are
+# asked for once a reply is out, so a run pays for handing its plan over, not for a
+# fork: up to SPARES after a reset (or any request but a run), and after a run only
+# if none is left, so that a reset right behind a run finds no fork under way.
 #
 # Zygote and spares run as the code's uid.  They are not dumpable, so code can neither
 # ptrace them nor write into them through /proc/<pid>/mem (and plant code in later
@@ -1043,6 +1045,9 @@ ZYGOTE_FD = 3
 SPARE_PID = struct.Struct("=i")
 #: How long the agent waits for the zygote's answer (a fork or two; an exec-ed start-up).
 SPARE_WAIT_S = 5.0
+#: Spares kept ready: a run takes one and leaves another, so the reset that follows a
+#: run never waits for a fork (it must know every helper before strays are killed).
+SPARES = 2
 AGENT_FILE = os.path.abspath(__file__)
 
 
@@ -1274,12 +1279,13 @@ class Spare:
 
 
 class Zygote:
-    """The agent's side of its zygote, and of the spare it holds ready."""
+    """The agent's side of its zygote, and of the spares it holds ready."""
 
     def __init__(self) -> None:
         self.pid = 0
         self.ctl: socket.socket | None = None
-        self.spare: Spare | None = None
+        #: Ready spares, oldest first.
+        self.spares: list[Spare] = []
         #: Spares asked for whose answer is not read yet.
         self.asked = 0
         #: False for a zygote exec-ed while a task's processes may live: they could write
@@ -1305,19 +1311,22 @@ class Zygote:
         self.pid, self.ctl, self.asked, self.trusted = pid, ours, 0, trusted
 
     def pids(self) -> frozenset[int]:
-        """The live helper processes: the zygote and the spare."""
-        return frozenset(p for p in (self.pid, self.spare.pid if self.spare else 0) if p)
+        """The live helper processes: the zygote and the spares."""
+        return frozenset(p for p in (self.pid, *(s.pid for s in self.spares)) if p)
 
-    def ask(self) -> None:
-        """Have the next spare made now (while the agent answers the host), unless one is."""
-        if self.spare is not None or self.asked or self.ctl is None:
+    def ask(self, ready: int = SPARES) -> None:
+        """Have spares made now (while the agent answers the host) until ``ready`` are
+        ready or under way."""
+        missing = ready - len(self.spares) - self.asked
+        if missing <= 0 or self.ctl is None:
             return
+        _signal_quietly(self.pid, signal.SIGCONT)  # a stray may have stopped it
         try:
-            self.ctl.send(b"s")
+            self.ctl.send(b"s" * missing)  # one fork per byte
         except OSError:
             self._lost()
             return
-        self.asked += 1
+        self.asked += missing
 
     def launch(self, plan: bytes, fds: list[int]) -> int:
         """Hand a run's plan and pipes to a spare; its pid.  OSError if no spare would take it."""
@@ -1352,22 +1361,23 @@ class Zygote:
         if pid == self.pid:
             self.pid = 0
             self._lost()
-        elif self.spare is not None and pid == self.spare.pid:
-            self.spare.chan.close()
-            self.spare = None
+        else:
+            for spare in [s for s in self.spares if s.pid == pid]:
+                spare.chan.close()
+                self.spares.remove(spare)
 
     def stop(self) -> None:
-        """Kill the zygote and the spare (the agent reaps them)."""
-        if self.spare is not None:
-            _signal_quietly(self.spare.pid, signal.SIGKILL)
-            self.spare.chan.close()
-            self.spare = None
+        """Kill the zygote and the spares (the agent reaps them)."""
+        for spare in self.spares:
+            _signal_quietly(spare.pid, signal.SIGKILL)
+            spare.chan.close()
+        self.spares = []
         self._lost()
 
     # -- internals
 
     def _take(self) -> Spare:
-        if self.spare is None:
+        if not self.spares:
             try:
                 self._make_spare()
             except OSError:
@@ -1375,16 +1385,16 @@ class Zygote:
                 # more, from a fresh one.
                 self._lost()
                 self._make_spare()
-        if self.spare is None:
+        if not self.spares:
             raise OSError(errno.EAGAIN, "the zygote could not fork (the pids limit?)")
-        spare, self.spare = self.spare, None
+        spare = self.spares.pop(0)
         _signal_quietly(spare.pid, signal.SIGCONT)  # a stray may have stopped it
         return spare
 
     def _make_spare(self) -> None:
         if self.ctl is None:  # it died (a stray killed it): a fresh one, clean by exec
             self.start(fresh=True, trusted=False)
-        self.ask()
+        self.ask(1)
         try:
             self._collect()
         except OSError:
@@ -1414,7 +1424,7 @@ class Zygote:
                 raise ConnectionResetError(errno.ECONNRESET, "the zygote hung up")
             pid = SPARE_PID.unpack(data)[0]
             if pid and len(fds) == 1:
-                self.spare = Spare(pid, socket.socket(fileno=fds[0]))
+                self.spares.append(Spare(pid, socket.socket(fileno=fds[0])))
             else:
                 _close_all(fds)
 
@@ -1631,7 +1641,9 @@ class Execution:
         _, status = os.waitpid(self.pid, 0)  # before kill_strays, which reaps any child
         self.pid = 0
         if self.container and (self.reason is not None or any(s in self.fds for s in STREAMS)):
-            kill_strays(self.host.zygote.pids(), self.host.zygote.reaped)
+            zygote = self.host.zygote
+            zygote.settle()  # a spare forked meanwhile is a helper, not a stray
+            kill_strays(zygote.pids(), zygote.reaped)
         self._drain()
         return status
 
@@ -1762,10 +1774,11 @@ class Agent:
                 elif key.data == "wake":
                     self.on_wake()
                 else:
-                    self._serve_request(key.fileobj)  # type: ignore[arg-type]
-                    # The next run's spare is forked now: after the reply went out (it
-                    # does not wait for the fork), and well before the next request.
-                    self.zygote.ask()
+                    ran = self._serve_request(key.fileobj)  # type: ignore[arg-type]
+                    # Spares are forked now: after the reply went out (it does not wait
+                    # for a fork), and well before the next run.  After a run, only if
+                    # none is left: the reset that usually follows would wait for a fork.
+                    self.zygote.ask(1 if ran else SPARES)
             self.reap()
 
     def close(self) -> None:
@@ -1816,13 +1829,15 @@ class Agent:
             self.sel.unregister(conn)
         conn.close()
 
-    def _serve_request(self, conn: socket.socket) -> None:
-        keep = True
+    def _serve_request(self, conn: socket.socket) -> bool:
+        """Answer one request; whether it was a run."""
+        keep, ran = True, False
         try:
             req = recv_frame(conn)
             if req is None:
                 keep = False
             else:
+                ran = req.get("op") == "exec"
                 send_frame(conn, self.handle(conn, req))
         except FrameTooLarge as exc:
             self._reply_error(conn, str(exc))
@@ -1838,6 +1853,7 @@ class Agent:
             keep = self._reply_error(conn, f"agent internal error: {exc!r}")
         if not keep:
             self._drop_conn(conn)
+        return ran
 
     @staticmethod
     def _reply_error(conn: socket.socket, error: str) -> bool:

@@ -7,6 +7,8 @@ sequence) and the semantics of each op are documented at the top of
     client = await AgentClient.connect(path, timeout_s=5.0)   # waits for the socket
     reply = await client.exec(ExecRequest(id="1", code="print(1)"), timeout_s=15.0)
     killed = await client.reset(timeout_s=5.0)
+    reply = await client.exec(request, timeout_s=15.0, reset_after=True)  # reset sent ahead
+    killed = await client.reset(timeout_s=5.0)  # reads the answer of the reset sent ahead
     await client.close()
 
 Errors: ``AgentUnavailable`` (cannot connect, or the connection dropped: the agent
@@ -165,6 +167,16 @@ class ExecReply:
         )
 
 
+def _frame(path: str, op: str, payload: dict[str, Any]) -> bytes:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise AgentRejected(path, op, f"request of {len(body)} bytes over the frame cap")
+    return HEADER.pack(len(body)) + body
+
+
+RESET_FRAME = _frame("", "reset", {"op": "reset"})
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -188,6 +200,8 @@ class AgentClient:
         self._writer = writer
         self._lock = asyncio.Lock()
         self._closed = False
+        #: A reset was written right behind an exec's reply: its answer is the next frame.
+        self._reset_ahead = False
 
     @classmethod
     async def connect(cls, path: str | Path, timeout_s: float) -> AgentClient:
@@ -225,9 +239,16 @@ class AgentClient:
         """{"ok": true, "pid": N, "version": 1, "languages": [...]}."""
         return await self._request("ping", {"op": "ping"}, timeout_s)
 
-    async def exec(self, request: ExecRequest, *, timeout_s: float) -> ExecReply:
-        """Run one execution; ``timeout_s`` is the outer watchdog (> request.timeout_s)."""
-        reply = await self._request("exec", request.to_wire(), timeout_s)
+    async def exec(
+        self, request: ExecRequest, *, timeout_s: float, reset_after: bool = False
+    ) -> ExecReply:
+        """Run one execution; ``timeout_s`` is the outer watchdog (> request.timeout_s).
+
+        ``reset_after``: a reset is written the moment the reply is in, so the agent
+        cleans up while the host is still answering its caller; ``reset()`` reads its
+        answer, and must come before any other request.
+        """
+        reply = await self._request("exec", request.to_wire(), timeout_s, reset_after)
         try:
             result = ExecReply.from_wire(reply)
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
@@ -239,7 +260,10 @@ class AgentClient:
         return result
 
     async def reset(self, timeout_s: float) -> int:
-        """Kill leftovers and empty the workdir; the number of processes killed."""
+        """Kill leftovers and empty the workdir; the number of processes killed.
+
+        After ``exec(..., reset_after=True)`` the reset is already under way: this only
+        waits for its answer."""
         reply = await self._request("reset", {"op": "reset"}, timeout_s)
         killed = reply.get("killed")
         if not isinstance(killed, int):
@@ -293,18 +317,23 @@ class AgentClient:
         self._closed = True
         self._writer.close()
 
-    async def _request(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        if len(body) > MAX_FRAME:
-            raise AgentRejected(self.path, op, f"request of {len(body)} bytes over the frame cap")
+    async def _request(
+        self, op: str, payload: dict[str, Any], timeout_s: float, reset_after: bool = False
+    ) -> dict[str, Any]:
+        """Send ``payload`` (a reset sent ahead is not sent again) and read its reply."""
+        body = _frame(self.path, op, payload)
         async with self._lock:
-            if self._closed:
-                raise AgentUnavailable(self.path, "connection closed")
+            sent = self._take_ahead(op)
             try:
                 async with asyncio.timeout(timeout_s):
-                    self._writer.write(HEADER.pack(len(body)) + body)
-                    await self._writer.drain()
+                    if not sent:
+                        self._writer.write(body)
+                        await self._writer.drain()
                     reply = await self._read_frame()
+                    if reset_after:
+                        # No drain: a small frame, and the next request drains anyway.
+                        self._writer.write(RESET_FRAME)
+                        self._reset_ahead = True
             except TimeoutError as exc:
                 self._abort()
                 raise AgentTimeout(self.path, op, timeout_s) from exc
@@ -318,6 +347,17 @@ class AgentClient:
         if reply.get("ok") is False:
             raise AgentRejected(self.path, op, str(reply.get("error")))
         return reply
+
+    def _take_ahead(self, op: str) -> bool:
+        """Whether ``op`` is the reset sent ahead, whose answer is the next frame."""
+        if self._closed:
+            raise AgentUnavailable(self.path, "connection closed")
+        ahead, self._reset_ahead = self._reset_ahead, False
+        if ahead and op != "reset":
+            # The reset's answer would be read as this request's: the stream is out of step.
+            self._abort()
+            raise AgentUnavailable(self.path, f"{op!r} before the answer to the reset sent ahead")
+        return ahead
 
     async def _read_frame(self) -> dict[str, Any]:
         (length,) = HEADER.unpack(await self._reader.readexactly(HEADER.size))

@@ -45,7 +45,10 @@ class Backend(Protocol):
 
     async def acquire(self, limits: Limits) -> Box: ...
 
-    async def execute(self, box: Box, request: ExecRequest, limits: Limits) -> Outcome: ...
+    async def execute(
+        self, box: Box, request: ExecRequest, limits: Limits, *, last: bool = False
+    ) -> Outcome:
+        """Run one exec; ``last``: ``release`` follows, the backend may start its reset early."""
 
     async def release(self, box: Box) -> None:
         """Reset and return the box to the pool, or replace it if it is spoiled or worn out."""

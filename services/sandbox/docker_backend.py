@@ -96,8 +96,9 @@ class DockerBackend(WarmPool):
     def __init__(self, settings: SandboxSettings) -> None:
         super().__init__(settings)
         self._docker: aiodocker.Docker | None = None
-        #: Each container's cgroup counters when last read.
+        #: Each container's cgroup counters when last read, and where they are read.
         self._counters: dict[str, cgroups.Counters] = {}
+        self._sources: dict[str, cgroups.Sources] = {}
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -139,9 +140,11 @@ class DockerBackend(WarmPool):
             await self._docker.close()
             self._docker = None
 
-    async def execute(self, box: Box, request: ExecRequest, limits: Limits) -> Outcome:
+    async def execute(
+        self, box: Box, request: ExecRequest, limits: Limits, *, last: bool = False
+    ) -> Outcome:
         try:
-            reply = await self._run_agent(box, request, limits)
+            reply = await self._run_agent(box, request, limits, last)
         except AgentError as error:
             return await self._agent_lost(box, request, error)
         if isinstance(reply, Outcome):
@@ -161,7 +164,10 @@ class DockerBackend(WarmPool):
     def _news(self, box: Box) -> cgroups.Counters:
         """What the cgroup counted since it was last read; any OOM kill or pids-limit hit
         (of the run, or of a child it survived) spoils the container."""
-        now = cgroups.read(box.id)
+        sources = self._sources.get(box.id)
+        if sources is None:
+            sources = self._sources[box.id] = cgroups.locate(box.id)
+        now = sources.read()
         seen = self._counters.get(box.id, cgroups.Counters())
         self._counters[box.id] = now
         news = cgroups.Counters(
@@ -276,6 +282,7 @@ class DockerBackend(WarmPool):
 
     async def _destroy(self, box: Box) -> None:
         self._counters.pop(box.id, None)
+        self._sources.pop(box.id, None)
         await self._remove(box.id, str(box.extra.get("name", "")))
 
     async def _remove(self, container_id: str, name: str) -> None:

@@ -53,9 +53,11 @@ class LocalBackend(WarmPool):
             self._log.warning("weak_isolation", message=WEAK_ISOLATION_WARNING)
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
 
-    async def execute(self, box: Box, request: ExecRequest, limits: Limits) -> Outcome:
+    async def execute(
+        self, box: Box, request: ExecRequest, limits: Limits, *, last: bool = False
+    ) -> Outcome:
         try:
-            reply = await self._run_agent(box, request, limits)
+            reply = await self._run_agent(box, request, limits, last)
         except AgentError as error:
             box.spoiled = "agent lost"
             return failed(request, SandboxStatus.KILLED, f"the sandbox agent died: {error}", 0.0)

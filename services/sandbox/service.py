@@ -88,9 +88,9 @@ class SandboxService(Service):
         self.subject = subjects.sandbox_instance(re.sub(r"[^A-Za-z0-9_-]", "-", self.instance))
         self._sessions: dict[str, Session] = {}
         self.snapshots = SnapshotStore(settings.snapshot_dir)
-        self._releases: asyncio.Queue[Box] = asyncio.Queue(
-            maxsize=max(64, settings.max_in_flight * 2)
-        )
+        #: Used sandboxes being reset (or replaced), each on its own: one slow removal
+        #: must not hold back the resets that free the others.
+        self._releasing: set[asyncio.Task[None]] = set()
         self.executed = 0
 
     @property
@@ -119,13 +119,12 @@ class SandboxService(Service):
         )
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
-        return [self.backend.maintain(), self._release_loop(), self._expire_loop()]
+        return [self.backend.maintain(), self._expire_loop()]
 
     async def teardown(self) -> None:
         for session in list(self._sessions.values()):
-            await self._end(session)
-        while not self._releases.empty():
-            await self.backend.release(self._releases.get_nowait())
+            self._end(session)
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         await self.backend.close()
 
     def statistics(self) -> dict[str, float]:
@@ -147,9 +146,9 @@ class SandboxService(Service):
         except SandboxUnavailable as error:
             return _infra(request, str(error))
         try:
-            outcome = await self.backend.execute(box, exec_request, limits)
+            outcome = await self.backend.execute(box, exec_request, limits, last=True)
         finally:
-            await self._releases.put(box)
+            self._release_later(box)
         return self._result(request, outcome)
 
     def _exec_request(self, request: SandboxExec, limits: Limits, language: str) -> ExecRequest:
@@ -202,14 +201,17 @@ class SandboxService(Service):
             error=outcome.error,
         )
 
-    async def _release_loop(self) -> None:
-        """Reset (or replace) used sandboxes after the reply went out, off the request's path."""
-        while True:
-            box = await self._releases.get()
-            try:
-                await self.backend.release(box)
-            except Exception as error:  # one bad container must not stop the pool
-                self.log.error("release_failed", error=repr(error))
+    def _release_later(self, box: Box) -> None:
+        """Reset (or replace) a used sandbox while the reply goes out, off the request's path."""
+        task = asyncio.get_running_loop().create_task(self._release(box))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, box: Box) -> None:
+        try:
+            await self.backend.release(box)
+        except Exception as error:  # one bad container must not stop the pool
+            self.log.error("release_failed", error=repr(error))
 
     # ---------------------------------------------------------------- sessions
 
@@ -236,7 +238,7 @@ class SandboxService(Service):
             if request.files:
                 await self._write_files(session, request.files)
         except AgentError as error:
-            await self._end(session)
+            self._end(session)
             raise RequestRejected(
                 ErrorCode.UNAVAILABLE, f"cannot prepare the session: {error}"
             ) from None
@@ -261,7 +263,7 @@ class SandboxService(Service):
             return await self._session_exec(request)
         if isinstance(request, SandboxClose):
             session = self._session(request.session)
-            await self._end(session)
+            self._end(session)
             return self._describe(session, "closed")
         assert isinstance(request, SandboxSnapshotRequest)
         return await self._snapshot(self._session(request.session))
@@ -282,7 +284,7 @@ class SandboxService(Service):
             exec_request = self._exec_request(request, session.limits, request.language)
             outcome = await self.backend.execute(session.box, exec_request, session.limits)
         if session.box.spoiled is not None:
-            await self._end(session)  # its sandbox is gone; the caller restores from a snapshot
+            self._end(session)  # its sandbox is gone; the caller restores from a snapshot
         return self._result(request, outcome)
 
     def _session(self, session_id: str) -> Session:
@@ -306,9 +308,9 @@ class SandboxService(Service):
             snapshot=snapshot,
         )
 
-    async def _end(self, session: Session) -> None:
+    def _end(self, session: Session) -> None:
         if self._sessions.pop(session.id, None) is not None:
-            await self._releases.put(session.box)
+            self._release_later(session.box)
 
     async def _expire_loop(self) -> None:
         while True:
@@ -318,7 +320,7 @@ class SandboxService(Service):
                 s for s in self._sessions.values() if s.expires_at < now and not s.lock.locked()
             ]:
                 self.log.info("session_expired", session=session.id)
-                await self._end(session)
+                self._end(session)
 
 
 def _check_path(path: str) -> None:

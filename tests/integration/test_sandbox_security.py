@@ -53,9 +53,10 @@ OUTPUT_BYTES = 65536
 DEFAULTS = Limits(
     timeout_s=3.0, memory_mb=MEMORY_MB, pids=PIDS, output_bytes=OUTPUT_BYTES, disk_mb=DISK_MB
 )
-#: A container at rest: the agent (its PID 1), the agent's zygote and the spare that the
-#: next run will be (a run in progress: the agent, the zygote and the run).
-AT_REST = 3
+#: A container at rest: the agent (its PID 1), the agent's zygote and the two spares that
+#: the next runs will be (a run in progress: the agent, the zygote, the run and the spare
+#: waiting behind it).
+AT_REST = 4
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -428,11 +429,11 @@ async def test_filling_the_workdir_stops_at_its_tmpfs_size(single: Pool) -> None
     ids=["python-busy", "bash-busy", "sleep"],
 )
 async def test_infinite_loop_times_out(pool: Pool, language: str, code: str) -> None:
-    started = time.monotonic()
     loop = await pool.run(code, language, timeout_s=1)
     assert loop.status is S.TIMEOUT, loop
-    assert 1.0 <= loop.duration_s < 2.0
-    assert time.monotonic() - started < 1.0 + pool.service.settings.watchdog_grace_s
+    # Its limit, no more: the agent's own deadline, or on a starved machine the outer
+    # watchdog's (which reports its own deadline as the run time).
+    assert 1.0 <= loop.duration_s <= 1.0 + pool.service.settings.watchdog_grace_s
     await pool.assert_recovered()
 
 
@@ -461,7 +462,8 @@ async def test_a_child_outliving_its_parent_does_not_hold_the_exec(
     # The next task in the same container sees no process of the previous one.
     ps = await single.run("ps -eo pid=,comm=", "bash")
     assert "sleep" not in ps.stdout, ps.stdout
-    assert len(ps.stdout.splitlines()) == AT_REST + 1  # agent, zygote, bash (a spare), ps
+    # The agent, the zygote, bash (a spare), the spare waiting behind it and ps.
+    assert len(ps.stdout.splitlines()) == AT_REST + 1
     await single.assert_recovered()
 
 
@@ -714,7 +716,8 @@ for name, family, kind in [("raw", socket.AF_INET, socket.SOCK_RAW),
         out[name] = errno.errorcode[e.errno]
 agent = os.getppid()
 out["agent pid"] = agent
-# Every other process in the sandbox (the agent, its zygote): no ptrace, no memory.
+# Every other process in the sandbox (the agent, its zygote, the spare waiting behind
+# this run): no ptrace, no memory.
 others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
 out["others"] = len(others)
 out["ptrace"] = sorted({call(libc.ptrace, 16, pid, None, None) for pid in others})
@@ -759,7 +762,7 @@ async def test_privilege_escalation_fails(pool: Pool) -> None:
     assert seen["unshare(NEWUSER)"] == seen["unshare(NEWNS)"] == "EPERM"
     assert seen["raw"] == "EPERM"
     assert seen["packet"] in ("EPERM", "EAFNOSUPPORT")
-    assert seen["agent pid"] == 1 and seen["others"] == 2  # the agent and its zygote
+    assert seen["agent pid"] == 1 and seen["others"] == 3  # agent, zygote, waiting spare
     assert seen["ptrace"] == ["EPERM"]
     assert seen["mem"] == seen["environ"] == ["EACCES"]
     assert seen["chown root"] == "EPERM"
@@ -825,7 +828,8 @@ async def test_killing_or_stopping_the_agent(
         assert len(before - set(await pool.containers())) == 1
 
 
-#: Signals every process of the sandbox but the agent and itself: the agent's zygote.
+#: Signals every process of the sandbox but the agent and itself: the agent's zygote and
+#: the spare waiting behind this run.
 SIGNAL_THE_ZYGOTE = """
 import os, signal
 hit = 0
@@ -841,8 +845,8 @@ async def test_killing_or_stopping_the_zygote(single: Pool) -> None:
     box = single.boxes()[0]
     for sig in ("SIGSTOP", "SIGKILL"):
         hit = await single.run(SIGNAL_THE_ZYGOTE.replace("SIGNAL", f"signal.{sig}"))
-        assert (hit.status, hit.stdout) == (S.OK, "1\n"), hit
-        after = await single.run("print('next')")  # continued, or replaced at the reset
+        assert (hit.status, hit.stdout) == (S.OK, "2\n"), hit
+        after = await single.run("print('next')")  # continued, or replaced
         assert (after.status, after.stdout) == (S.OK, "next\n"), after
     assert single.boxes() == [box]
     await single.assert_recovered()
@@ -921,7 +925,8 @@ async def test_zombies_do_not_accumulate(single: Pool) -> None:
         await single.wait_warm()
         await single.wait_at_rest()  # init and agent only, from the host's side
         count = await single.run("import os; print(sum(p.isdigit() for p in os.listdir('/proc')))")
-        assert count.stdout == f"{AT_REST}\n"  # the agent, its zygote and this task
+        # The agent, its zygote, this task and the spare waiting behind it.
+        assert count.stdout == f"{AT_REST}\n"
     await single.assert_recovered()
 
 

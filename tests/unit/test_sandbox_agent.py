@@ -148,7 +148,8 @@ def children_of(pid: int) -> list[tuple[int, str]]:
 
 
 async def helpers_of(agent: RunningAgent, count: int = 2) -> list[int]:
-    """The agent's live children once there are ``count`` (the zygote and a spare)."""
+    """The agent's live children once there are ``count``: the zygote and its spares (two
+    at start and after a reset, one after a run)."""
     for _ in range(500):
         found = [pid for pid, state in children_of(agent.proc.pid) if state != "Z"]
         if len(found) == count:
@@ -523,6 +524,32 @@ async def test_reset_empties_workdir(client: AgentClient, agent: RunningAgent) -
     assert (await run(client, code="print('after reset')")).stdout == b"after reset\n"
 
 
+async def test_reset_sent_behind_an_exec(client: AgentClient, agent: RunningAgent) -> None:
+    request = ExecRequest(id="r", language="bash", code="touch left-behind; sleep 30 &")
+    reply = await client.exec(request, timeout_s=WATCHDOG_S, reset_after=True)
+    assert reply.status is SandboxStatus.OK
+    # The agent cleans up without being asked again: reset() only reads its answer.
+    for _ in range(500):
+        if not list(agent.workdir.iterdir()):
+            break
+        await asyncio.sleep(0.01)
+    assert list(agent.workdir.iterdir()) == []
+    assert await client.reset(timeout_s=10.0) == 0  # its group was killed with the exec
+    assert (await run(client, code="print('next')")).stdout == b"next\n"
+    assert await client.reset(timeout_s=10.0) == 0  # a plain reset again: sent and answered
+
+
+async def test_another_request_before_the_reset_answer_is_refused(
+    client: AgentClient,
+) -> None:
+    request = ExecRequest(id="r", code="pass")
+    await client.exec(request, timeout_s=WATCHDOG_S, reset_after=True)
+    # Its reply would be the reset's answer: the client refuses rather than misread it.
+    with pytest.raises(AgentUnavailable):
+        await client.ping()
+    assert client.closed
+
+
 async def test_no_zombies_after_many_execs(client: AgentClient, agent: RunningAgent) -> None:
     for i in range(300):
         reply = await run(client, id=f"z{i}", code="print(1)")
@@ -755,9 +782,10 @@ print(len(hit))
 
 
 async def test_a_killed_zygote_is_replaced(client: AgentClient, agent: RunningAgent) -> None:
-    before = set(await helpers_of(agent))
+    before = set(await helpers_of(agent, 3))
     killed = await run(client, code=SIBLINGS.replace("SIGNAL", "signal.SIGKILL"))
-    assert (killed.status, killed.stdout) == (SandboxStatus.OK, b"1\n"), killed  # the zygote
+    # The zygote and the spare waiting behind this run's.
+    assert (killed.status, killed.stdout) == (SandboxStatus.OK, b"2\n"), killed
     after = await run(client, code="print('still runs')")
     assert after.stdout == b"still runs\n", after
     assert await client.reset(timeout_s=10.0) == 0  # and replaces the one exec-ed meanwhile
@@ -767,16 +795,17 @@ async def test_a_killed_zygote_is_replaced(client: AgentClient, agent: RunningAg
 
 async def test_stopped_helpers_are_continued(client: AgentClient, agent: RunningAgent) -> None:
     stopped = await run(client, code=SIBLINGS.replace("SIGNAL", "signal.SIGSTOP"))
-    assert stopped.stdout == b"1\n", stopped  # the zygote, before it made the next spare
-    after = await run(client, code="print('continued')")
+    assert stopped.stdout == b"2\n", stopped  # the zygote and the spare waiting behind
+    after = await run(client, code="print('continued')")  # in that stopped spare
     assert after.stdout == b"continued\n", after
-    # A stray that outlived its run could stop the waiting spare as well as the zygote.
-    helpers = await helpers_of(agent)
+    assert await client.reset(timeout_s=10.0) == 0
+    # A stray that outlived its run could stop the spares as well as the zygote.
+    helpers = await helpers_of(agent, 3)
     for pid in helpers:
         os.kill(pid, signal.SIGSTOP)
     assert (await run(client, code="print('again')")).stdout == b"again\n"
     assert await client.reset(timeout_s=10.0) == 0
-    assert set(await helpers_of(agent)) & set(helpers), "continued, not replaced"
+    assert set(await helpers_of(agent, 3)) & set(helpers), "continued, not replaced"
 
 
 async def test_orphans_are_reaped_while_a_run_goes_on(client: AgentClient) -> None:
