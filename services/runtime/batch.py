@@ -24,11 +24,13 @@ is handed back (nak'd).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+import nats.errors
 import structlog
 from nats.aio.msg import Msg
 
@@ -210,26 +212,34 @@ class BatchConsumer(PullConsumer, Generic[M]):
         return results
 
     async def _settle(self, msgs: list[Msg], results: Sequence[Result], slots: Slots) -> None:
+        done: list[Msg] = []
+        failed: list[tuple[Msg, Exception]] = []
         later: list[tuple[Msg, Awaitable[Outcome]]] = []
-        acked = 0
-        for index, (msg, result) in enumerate(zip(msgs, results, strict=True)):
+        for msg, result in zip(msgs, results, strict=True):
             if result is None:
-                # Not awaited on the network: an ack is a buffered publish.
-                await quietly(msg.ack())
-                acked += 1
+                done.append(msg)
             elif isinstance(result, Exception):
-                try:
-                    await self._settle_quietly(msg, result)
-                except asyncio.CancelledError:
-                    # Stopped while dead-lettering: what is not settled yet goes back.
-                    await self._hand_back_rest(msgs[index:], results[index:])
-                    raise
+                failed.append((msg, result))
             else:
                 later.append((msg, result))
-        self._acked.inc(acked)
-        self._settled(slots, len(msgs) - len(later))
+        await self._ack_all(done)
+        self._acked.inc(len(done))
+        for index, (msg, error) in enumerate(failed):
+            try:
+                await self._settle_quietly(msg, error)
+            except asyncio.CancelledError:
+                # Stopped while dead-lettering: what is not settled yet goes back.
+                rest = [m for m, _ in failed[index:]] + [m for m, _ in later]
+                await self._hand_back_rest(rest, [pending for _, pending in later])
+                raise
+        self._settled(slots, len(done) + len(failed))
         if later:
             await self._settle_later(later, slots)
+
+    async def _ack_all(self, msgs: list[Msg]) -> None:
+        """Ack every one of ``msgs`` in one write; best effort, as any ack (see Bus.ack_many)."""
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await self._bus.ack_many(msgs)
 
     async def _hand_back_rest(self, msgs: Sequence[Msg], results: Sequence[Result]) -> None:
         self._handed_back.inc(len(msgs))

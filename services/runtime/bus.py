@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 import nats
@@ -25,6 +28,11 @@ from services.runtime.logs import get_logger
 _VERSION = str(PROTOCOL_VERSION)
 #: The server's status for a request nobody answers: no stream listens on the subject.
 _NO_RESPONDERS = "503"
+#: Whitespace ends a protocol line: a subject holding some could smuggle in a command.
+_NOT_IN_SUBJECT = re.compile(r"[ \t\r\n]")
+#: Header names nats-py accepts (an HTTP token); values lose their line breaks.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_LINE_BREAKS = str.maketrans({"\r": " ", "\n": " "})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,9 +58,11 @@ def message_headers(
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Publication:
-    """One message of :meth:`Bus.publish_many`: bytes as they go on the wire."""
+class Publication(NamedTuple):
+    """One message of :meth:`Bus.publish_many`: bytes as they go on the wire.
+
+    A tuple: one is built for every message, and a frozen dataclass costs several times more.
+    """
 
     subject: str
     payload: bytes
@@ -147,30 +157,67 @@ class Bus:
         """Durable publish of many messages at once; one result per item, in order.
 
         Every message goes out with its own reply subject on one long-lived wildcard
-        inbox, without waiting in between, and then all the stream acks are awaited
-        together, for up to ``timeout_s``.  A failure belongs to its item alone: a
-        ``PayloadTooLarge``, a JetStream ``APIError``, ``NoStreamResponseError`` (no
-        stream takes the subject), a connection error, or ``nats.errors.TimeoutError``
-        (no ack in time: the message may still have been stored, which is why callers
-        publish with a ``Nats-Msg-Id`` and may simply publish it again).
+        inbox, all in one write, and then all the stream acks are awaited together, for
+        up to ``timeout_s``.  A failure belongs to its item alone: a ``PayloadTooLarge``,
+        a bad subject or header, a JetStream ``APIError``, ``NoStreamResponseError`` (no
+        stream takes the subject), or ``nats.errors.TimeoutError`` (no ack in time: the
+        message may still have been stored, which is why callers publish with a
+        ``Nats-Msg-Id`` and may simply publish it again).  A connection that is closed,
+        draining or reconnecting fails every item with nats-py's error for that.
         """
         pending = _Pending(len(items))
         if not items:
             return []
         inbox = await self._ack_inbox()
+        limit = self.max_payload
+        commands: list[bytes] = []
         try:
             for index, item in enumerate(items):
                 reply = inbox.expect(pending, index)
                 try:
-                    check_size(item.payload, item.headers, self.max_payload)
-                    await self.nc.publish(item.subject, item.payload, reply, item.headers)
+                    commands.append(publish_command(item, reply, limit))
                 except (PayloadTooLarge, nats.errors.Error) as error:
                     inbox.forget(reply)
                     pending.settle(index, error)
+            if commands:
+                try:
+                    await self._write(b"".join(commands))
+                except nats.errors.Error as error:
+                    inbox.fail(pending, error)
             await pending.wait(timeout_s)
         finally:
             inbox.forget_all(pending)  # also when cancelled: nothing waits for these any more
         return pending.results
+
+    async def ack_many(self, msgs: Sequence[Msg]) -> None:
+        """Ack JetStream deliveries, all in one write: for each, what ``Msg.ack`` sends.
+
+        Raises nats-py's error when the connection cannot take them (closed, draining,
+        reconnecting); like any ack this is best effort, and what is not acked comes back
+        after the consumer's ``ack_wait``.
+        """
+        if msgs:
+            await self._write(b"".join([ack_command(msg.reply) for msg in msgs]))
+
+    async def _write(self, commands: bytes) -> None:
+        """Queue protocol commands for nats-py's writer task and wake it.
+
+        nats-py 2.x has no public call for commands built in bulk; these two internals are
+        what its own ``publish()`` calls once it has built a command.  ``publish()`` also
+        validates, formats headers and checks the connection each time, which costs
+        several times the write itself; :func:`publish_command` and :func:`ack_command`
+        build the same bytes for a whole batch.  Unlike ``publish()``, nothing is buffered
+        while reconnecting: the caller's messages are handed back or redelivered instead.
+        """
+        nc = self.nc
+        if nc.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if nc.is_draining_pubs:
+            raise nats.errors.ConnectionDrainingError
+        if not nc.is_connected:
+            raise nats.errors.ConnectionReconnectingError
+        await nc._send_command(commands)
+        await nc._flush_pending()
 
     async def _ack_inbox(self) -> _AckInbox:
         if self._acks is None:
@@ -211,6 +258,53 @@ class Bus:
                 get_logger(component="bus").warning("drain_failed", error=repr(error))
         with contextlib.suppress(nats.errors.Error, RuntimeError, TimeoutError):
             await asyncio.wait_for(self.nc.close(), timeout_s)
+
+
+@functools.lru_cache(maxsize=256)
+def _header_prefix(key: str) -> str | None:
+    """``"Name: "`` for a header key, None for a blank one (names repeat: checked once)."""
+    name = key.strip()
+    if not name:
+        return None
+    if not _HEADER_NAME.fullmatch(name):
+        raise nats.errors.BadHeaderError(name)
+    return f"{name}: "
+
+
+def header_block(headers: Mapping[str, str]) -> bytes:
+    """A message's NATS header block, the bytes nats-py writes for ``headers``."""
+    lines = ["NATS/1.0\r\n"]
+    for key, value in headers.items():
+        prefix = _header_prefix(key)
+        if prefix is not None:
+            text = value.strip()
+            if "\r" in text or "\n" in text:
+                text = text.translate(_LINE_BREAKS)
+            lines.append(f"{prefix}{text}\r\n")
+    lines.append("\r\n")  # the blank line that ends the block
+    return "".join(lines).encode()
+
+
+def publish_command(item: Publication, reply: str, max_payload: int) -> bytes:
+    """The HPUB command that publishes ``item`` with ``reply``; refuses what is too large.
+
+    A message over ``max_payload`` would make the server close the connection.
+    """
+    if not item.subject or _NOT_IN_SUBJECT.search(item.subject):
+        raise nats.errors.BadSubjectError
+    block = header_block(item.headers)
+    size = len(block) + len(item.payload)
+    if size > max_payload:
+        raise PayloadTooLarge(size, max_payload, "payload plus headers")
+    line = f"HPUB {item.subject} {reply} {len(block)} {size}\r\n".encode()
+    return b"".join((line, block, item.payload, b"\r\n"))
+
+
+def ack_command(reply: str) -> bytes:
+    """The PUB command that acks a JetStream delivery: an empty message to its reply subject."""
+    if not reply or _NOT_IN_SUBJECT.search(reply):
+        raise nats.errors.BadSubjectError
+    return f"PUB {reply} 0\r\n\r\n".encode()
 
 
 class _PubError(msgspec.Struct):
@@ -309,6 +403,13 @@ class _AckInbox:
 
     def forget(self, reply: str) -> None:
         self._waiting.pop(reply, None)
+
+    def fail(self, pending: _Pending, error: Exception) -> None:
+        """Settle with ``error`` every item of ``pending`` still waiting for its answer."""
+        for reply in pending.replies:
+            waiting = self._waiting.pop(reply, None)
+            if waiting is not None:
+                pending.settle(waiting[1], error)
 
     def forget_all(self, pending: _Pending) -> None:
         """Drop what ``pending`` still waits for: a late ack then finds nobody, as it should."""

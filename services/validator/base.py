@@ -58,6 +58,8 @@ def reference(task: Task, key: str) -> Any:
 def references(task: Task, key: str) -> list[str]:
     """One or several acceptable answers (a string or a list of strings)."""
     value = reference(task, key)
+    if isinstance(value, str):  # the common case, checked first: this runs per rollout
+        return [value]
     values = value if isinstance(value, list) else [value]
     # A tuple, not ``str | int | float``: that builds a union object on every test.
     if not values or not all(isinstance(v, (str, int, float)) for v in values):

@@ -10,10 +10,12 @@ found it unjudgeable it is ``invalid``.  Every validator's outcome is listed in
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from protocol.messages import Rollout, RolloutStatus, ScoredRollout, ScoreStatus, ValidatorDetail
 from services.domains.api import Domain
@@ -39,8 +41,9 @@ class Judge:
     validator: Validator
 
 
-@dataclass(frozen=True)
-class Judgement:
+class Judgement(NamedTuple):
+    """What a rollout's validators made of it (a tuple: built for every rollout)."""
+
     reward: float
     status: ScoreStatus
     details: list[ValidatorDetail]
@@ -48,31 +51,61 @@ class Judgement:
 
 
 async def _verdict(judge: Judge, rollout: Rollout) -> Verdict:
-    if isinstance(judge.validator, RuleValidator):
-        # Synchronous and linear in the text: a timeout could not interrupt it anyway,
-        # and arming one costs more than the check.
-        return judge.validator.check(rollout)
     async with asyncio.timeout(judge.timeout_s):
         return await judge.validator.score(rollout)
 
 
 async def run_judge(judge: Judge, rollout: Rollout, observe: Observer = _ignore) -> ValidatorDetail:
     """One validator's detail; whatever goes wrong becomes a status, never an exception."""
+    if isinstance(judge.validator, RuleValidator):
+        return run_rule(judge, judge.validator, rollout, observe)
     started = time.perf_counter()
-    status, score, message = ScoreStatus.SCORED, 0.0, ""
     try:
-        verdict = await _verdict(judge, rollout)
-        score, message = verdict.score, verdict.message
-        if not math.isfinite(score):
-            status, score, message = ScoreStatus.INFRA_FAILURE, 0.0, f"non-finite score {score}"
-    except InvalidRollout as error:
-        status, message = ScoreStatus.INVALID, str(error)
-    except InfraFailure as error:
-        status, message = ScoreStatus.INFRA_FAILURE, str(error)
-    except TimeoutError:
-        status, message = ScoreStatus.INFRA_FAILURE, f"timed out after {judge.timeout_s:g}s"
-    except Exception as error:  # a validator bug or a machinery failure: typed, not a crash
-        status, message = ScoreStatus.INFRA_FAILURE, f"{type(error).__name__}: {error}"
+        outcome = _scored(await _verdict(judge, rollout))
+    except Exception as error:
+        outcome = _failure(judge, error)
+    return _detail(judge, outcome, started, observe)
+
+
+def run_rule(
+    judge: Judge, rule: RuleValidator, rollout: Rollout, observe: Observer = _ignore
+) -> ValidatorDetail:
+    """:func:`run_judge` for a rule validator, without a coroutine.
+
+    Synchronous and linear in the text: a timeout could not interrupt it anyway, and
+    arming one costs more than the check.
+    """
+    started = time.perf_counter()
+    try:
+        outcome = _scored(rule.check(rollout))
+    except Exception as error:
+        outcome = _failure(judge, error)
+    return _detail(judge, outcome, started, observe)
+
+
+#: (status, score, message) of one validator run.
+_Outcome = tuple[ScoreStatus, float, str]
+
+
+def _scored(verdict: Verdict) -> _Outcome:
+    if not math.isfinite(verdict.score):
+        return ScoreStatus.INFRA_FAILURE, 0.0, f"non-finite score {verdict.score}"
+    return ScoreStatus.SCORED, verdict.score, verdict.message
+
+
+def _failure(judge: Judge, error: Exception) -> _Outcome:
+    if isinstance(error, InvalidRollout):
+        return ScoreStatus.INVALID, 0.0, str(error)
+    if isinstance(error, InfraFailure):
+        return ScoreStatus.INFRA_FAILURE, 0.0, str(error)
+    if isinstance(error, TimeoutError):
+        return ScoreStatus.INFRA_FAILURE, 0.0, f"timed out after {judge.timeout_s:g}s"
+    # A validator bug or a machinery failure: typed, not a crash.
+    return ScoreStatus.INFRA_FAILURE, 0.0, f"{type(error).__name__}: {error}"
+
+
+def _detail(judge: Judge, outcome: _Outcome, started: float, observe: Observer) -> ValidatorDetail:
+    status, score, message = outcome
     observe(judge.kind, status, time.perf_counter() - started)
     return ValidatorDetail(
         name=judge.name, score=score, weight=judge.weight, status=status, message=message
@@ -80,12 +113,20 @@ async def run_judge(judge: Judge, rollout: Rollout, observe: Observer = _ignore)
 
 
 def combine(details: list[ValidatorDetail]) -> Judgement:
-    for status in (ScoreStatus.INFRA_FAILURE, ScoreStatus.INVALID):
-        failed = [d for d in details if d.status is status]
-        if failed:
-            error = "; ".join(f"{d.name}: {d.message}" for d in failed)
-            return Judgement(0.0, status, details, error)
-    return Judgement(sum(d.weight * d.score for d in details), ScoreStatus.SCORED, details)
+    reward = 0.0
+    for detail in details:
+        if detail.status is not ScoreStatus.SCORED:
+            return _unscored(details)
+        reward += detail.weight * detail.score
+    return Judgement(reward, ScoreStatus.SCORED, details)
+
+
+def _unscored(details: list[ValidatorDetail]) -> Judgement:
+    """Some validator did not score: an infra failure if any failed so, else invalid."""
+    infra = any(d.status is ScoreStatus.INFRA_FAILURE for d in details)
+    status = ScoreStatus.INFRA_FAILURE if infra else ScoreStatus.INVALID
+    error = "; ".join(f"{d.name}: {d.message}" for d in details if d.status is status)
+    return Judgement(0.0, status, details, error)
 
 
 @dataclass(frozen=True)
@@ -94,6 +135,18 @@ class Panel:
 
     domain: Domain
     judges: tuple[Judge, ...]
+
+    @functools.cached_property
+    def rules(self) -> list[tuple[Judge, RuleValidator]] | None:
+        """Every judge with its rule validator, or None if any judge waits on something."""
+        rules = [(j, j.validator) for j in self.judges if isinstance(j.validator, RuleValidator)]
+        return rules if len(rules) == len(self.judges) else None
+
+    def judge_now(self, rollout: Rollout, observe: Observer = _ignore) -> Judgement:
+        """:meth:`judge` without a coroutine, for a panel of rule validators only."""
+        if self.rules is None:
+            raise ValueError(f"domain {self.domain.name!r} has validators that wait")
+        return combine([run_rule(judge, rule, rollout, observe) for judge, rule in self.rules])
 
     async def judge(self, rollout: Rollout, observe: Observer = _ignore) -> Judgement:
         if len(self.judges) == 1:  # the common case: no gather, no extra tasks
@@ -136,6 +189,11 @@ class Scorer:
         self.validator = validator
         self._observe = observe
 
+    def inline(self, domain: str) -> bool:
+        """Whether rollouts of ``domain`` are judged without waiting (by :meth:`judge_now`)."""
+        panel = self.panels.get(domain)
+        return panel is None or panel.rules is not None
+
     async def score(self, rollout: Rollout) -> ScoredRollout:
         judgement = await self.judge(rollout)
         return ScoredRollout(
@@ -150,6 +208,20 @@ class Scorer:
         )
 
     async def judge(self, rollout: Rollout) -> Judgement:
+        early = self._unjudged(rollout)
+        if early is not None:
+            return early
+        return await self.panels[rollout.task.domain].judge(rollout, self._observe)
+
+    def judge_now(self, rollout: Rollout) -> Judgement:
+        """:meth:`judge` for a rollout of a domain judged :meth:`inline`, without a coroutine."""
+        early = self._unjudged(rollout)
+        if early is not None:
+            return early
+        return self.panels[rollout.task.domain].judge_now(rollout, self._observe)
+
+    def _unjudged(self, rollout: Rollout) -> Judgement | None:
+        """The judgement of a rollout no validator gets to see, else None."""
         if rollout.status is RolloutStatus.INVALID:
             return Judgement(
                 0.0, ScoreStatus.INVALID, [], rollout.error or "the rollout is invalid"
@@ -157,8 +229,7 @@ class Scorer:
         if rollout.status is RolloutStatus.INFRA_FAILURE:
             error = rollout.error or "generation failed"
             return Judgement(0.0, ScoreStatus.INFRA_FAILURE, [], error)
-        panel = self.panels.get(rollout.task.domain)
-        if panel is None:
+        if rollout.task.domain not in self.panels:
             error = f"unknown domain {rollout.task.domain!r} ({len(self.panels)} domains known)"
             return Judgement(0.0, ScoreStatus.INVALID, [], error)
-        return await panel.judge(rollout, self._observe)
+        return None

@@ -21,6 +21,8 @@ and settled when done.  See docs/validator.md, "Benchmark", for why.
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -29,7 +31,7 @@ import msgspec
 from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.errors import ErrorCode, PayloadTooLarge
-from protocol.messages import Message, Rollout, ScoredRollout, ScoreStatus, ValidatorDetail
+from protocol.messages import Message, Rollout, ScoreStatus, ValidatorDetail
 from services.domains import DomainRegistry, load_registry
 from services.runtime import (
     ConsumerSpec,
@@ -44,8 +46,7 @@ from services.runtime import (
     StreamAck,
 )
 from services.runtime.bus import message_headers
-from services.validator.base import RuleValidator
-from services.validator.compose import Scorer
+from services.validator.compose import Judgement, Scorer
 from services.validator.factory import Resources, RewardModels
 from services.validator.sandbox import NatsSandbox
 from services.validator.settings import ValidatorSettings
@@ -53,6 +54,25 @@ from services.validator.stats import DomainStats
 
 #: Batches per instance in flight at once: one is judged while others wait for their acks.
 BATCHES_IN_FLIGHT = 4
+
+
+def tune_gc(young_threshold: int) -> None:
+    """Collect less often, and never walk what was loaded before serving.
+
+    A decoded rollout is a dozen containers that stay alive until its batch is settled,
+    so at Python's default (700) each young collection walks the batches in flight (some
+    10,000 containers at ``max_in_flight`` 1024, a few ms) and moves them on to be walked
+    again by the next generation.  Garbage cycles are rare on this path (rollouts are
+    freed by reference counting), so little waits for a rarer collection.  What is loaded
+    by then (modules, domains, validators) lives as long as the process; frozen, the full
+    collections that rollouts in flight set off leave it alone.
+    """
+    if young_threshold <= 0:
+        return
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    if 0 < young < young_threshold:  # 0: collection switched off on purpose
+        gc.set_threshold(young_threshold, middle, old)
 
 
 class ScoredWire(Message, tag="scored_rollout"):
@@ -89,6 +109,8 @@ class ValidatorService(Service):
         self.published = 0
         self.duplicates = 0
         self._waits: set[str] = set()
+        #: Pass threshold by domain name (a dict lookup: this runs for every result).
+        self._thresholds: dict[str, float] = {}
         self._encoder = msgspec.msgpack.Encoder()
 
     @property
@@ -128,12 +150,10 @@ class ValidatorService(Service):
         )
         # Domains with a validator that waits (sandbox, reward model) are judged apart, so
         # a batch's rule-judged rollouts are acked without waiting for them.
-        self._waits = {
-            name
-            for name, panel in self.scorer.panels.items()
-            if not all(isinstance(judge.validator, RuleValidator) for judge in panel.judges)
-        }
+        self._waits = {name for name in self.scorer.panels if not self.scorer.inline(name)}
+        self._thresholds = {domain.name: domain.pass_threshold for domain in self.domains}
         self.consume_batch(self._consumer_spec(), Codec(Rollout), self._on_rollouts, self._tuning())
+        tune_gc(self.settings.young_gc_threshold)
 
     def _consumer_spec(self) -> ConsumerSpec:
         return ConsumerSpec(
@@ -173,75 +193,81 @@ class ValidatorService(Service):
         return values
 
     async def _on_rollouts(self, batch: list[tuple[Rollout, Delivery]]) -> list[Result]:
-        """Judge a fetch: rule domains inline, then all their results in one pipelined publish."""
+        """Judge a fetch: rule domains inline, then all their results in one publish_many."""
         results: list[Result] = [None] * len(batch)
-        inline: list[int] = []
-        scored: list[ScoredRollout] = []
-        for index, (rollout, _) in enumerate(batch):
-            if rollout.task.domain in self._waits:
-                continue
-            try:
-                scored.append(await self.scorer.score(rollout))  # never waits: rules only
-                inline.append(index)
-            except Exception as error:  # a scorer bug fails this rollout, not the batch
-                results[index] = error
-        outcomes = await self._publish(scored, [batch[index][1] for index in inline])
-        for index, outcome in zip(inline, outcomes, strict=True):
-            results[index] = outcome
-        # Made last, so that nothing above can raise and leave them never awaited.
+        inline: list[tuple[Rollout, Delivery]] = []
+        judged: list[Judgement] = []
+        placed: list[int] = []
+        alone: list[int] = []
         for index, (rollout, delivery) in enumerate(batch):
             if rollout.task.domain in self._waits:
-                results[index] = self._judge_alone(rollout, delivery)
+                alone.append(index)
+                continue
+            try:
+                judged.append(self.scorer.judge_now(rollout))
+            except Exception as error:  # a scorer bug fails this rollout, not the batch
+                results[index] = error
+                continue
+            inline.append((rollout, delivery))
+            placed.append(index)
+        outcomes = await self._publish(inline, judged)
+        for index, outcome in zip(placed, outcomes, strict=True):
+            results[index] = outcome
+        # Made last, so that nothing above can raise and leave them never awaited.
+        for index in alone:
+            results[index] = self._judge_alone(*batch[index])
         return results
 
     async def _judge_alone(self, rollout: Rollout, delivery: Delivery) -> Outcome:
-        scored = await self.scorer.score(rollout)
-        [outcome] = await self._publish([scored], [delivery])
+        judgement = await self.scorer.judge(rollout)
+        [outcome] = await self._publish([(rollout, delivery)], [judgement])
         return outcome
 
     async def _publish(
-        self, scored: list[ScoredRollout], deliveries: list[Delivery]
+        self, items: list[tuple[Rollout, Delivery]], judged: list[Judgement]
     ) -> list[Outcome]:
         """Store every result in TEMPER_SCORED; an outcome per result (None: stored)."""
-        if not scored:
+        if not items:
             return []
-        publications = [self._publication(s, d) for s, d in zip(scored, deliveries, strict=True)]
+        publications = [self._publication(*item, j) for item, j in zip(items, judged, strict=True)]
         acks = await self.bus.publish_many(publications, timeout_s=self.settings.publish_timeout_s)
-        return [self._outcome(s, ack) for s, ack in zip(scored, acks, strict=True)]
+        return [
+            self._outcome(rollout.task.domain, judgement, ack)
+            for (rollout, _), judgement, ack in zip(items, judged, acks, strict=True)
+        ]
 
-    def _publication(self, scored: ScoredRollout, delivery: Delivery) -> Publication:
-        task = scored.rollout.task
+    def _publication(
+        self, rollout: Rollout, delivery: Delivery, judgement: Judgement
+    ) -> Publication:
         wire = ScoredWire(
-            id=scored.id,
+            id=rollout.id,
             rollout=msgspec.Raw(delivery.msg.data),
-            reward=scored.reward,
-            status=scored.status,
-            details=scored.details,
-            error=scored.error,
-            validator=scored.validator,
-            scored_at=scored.scored_at,
+            reward=judgement.reward,
+            status=judgement.status,
+            details=judgement.details,
+            error=judgement.error,
+            validator=self.scorer.validator,
+            scored_at=time.time(),
         )
         return Publication(
-            subject=subjects.scored(task.domain, task.id),
+            subject=subjects.scored(rollout.task.domain, rollout.task.id),
             payload=self._encoder.encode(wire),
             # Nats-Msg-Id = rollout id: a rollout judged twice is stored once.
-            headers=message_headers(trace_id=delivery.trace_id, msg_id=scored.id),
+            headers=message_headers(trace_id=delivery.trace_id, msg_id=rollout.id),
         )
 
-    def _outcome(self, scored: ScoredRollout, ack: PublishResult) -> Outcome:
+    def _outcome(self, domain: str, judgement: Judgement, ack: PublishResult) -> Outcome:
         if isinstance(ack, PayloadTooLarge):
             # Scoring adds to the rollout; at the size limit it can never be published.
             return Reject(ErrorCode.TOO_LARGE, f"scored rollout: {ack.message}")
         if isinstance(ack, Exception):
             return ack  # not stored (no ack in time, NATS away): handed back, judged again
-        self._count(scored, ack)
+        self._count(domain, judgement, ack)
         return None
 
-    def _count(self, scored: ScoredRollout, ack: StreamAck) -> None:
+    def _count(self, domain: str, judgement: Judgement, ack: StreamAck) -> None:
         if ack.duplicate:
             self.duplicates += 1  # judged before (a redelivery): stored and counted once
             return
         self.published += 1
-        task = scored.rollout.task
-        domain = self.domains.get(task.domain) if task.domain in self.domains else None
-        self.stats.record(task.domain, scored, domain.pass_threshold if domain else None)
+        self.stats.record(domain, judgement.status, judgement.reward, self._thresholds.get(domain))

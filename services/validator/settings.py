@@ -36,3 +36,7 @@ class ValidatorSettings:
     sandbox_grace_s: float = 5.0
     #: How long to wait for TEMPER_SCORED to store a result before handing the rollout back.
     publish_timeout_s: float = 10.0
+    #: Collections of the youngest GC generation every this many allocations (Python's
+    #: default: 700), and what is loaded at start frozen out of collections.  It is the
+    #: whole process's collector (an embedded stack's too); 0 leaves it as it is.
+    young_gc_threshold: int = 50_000

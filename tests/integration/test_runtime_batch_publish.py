@@ -1,4 +1,4 @@
-"""Bus.publish_many on a real nats-server: every item stored or failed on its own."""
+"""Bus.publish_many and Bus.ack_many on a real nats-server: each item stored or failed alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ import pytest
 from protocol import headers as h
 from protocol.errors import PayloadTooLarge
 from services.runtime.bus import Bus, ConnectOptions, Publication, StreamAck, message_headers
-from tests.integration.support import TASK_STREAM, TASK_SUBJECT, declare, stream_entries
+from services.runtime.jetstream import ConsumerSpec, ensure_consumer
+from services.runtime.pull import Puller
+from tests.integration.support import (
+    TASK_STREAM,
+    TASK_SUBJECT,
+    declare,
+    publish_tasks,
+    stream_entries,
+)
 
 
 @pytest.fixture
@@ -92,3 +100,59 @@ async def test_concurrent_calls_each_get_their_own_acks(bus: Bus) -> None:
     seqs = sorted(ack.seq for r in results for ack in r if isinstance(ack, StreamAck))
     assert seqs == list(range(1, 101))
     assert await bus.publish_many([]) == []
+
+
+async def test_headers_arrive_as_nats_py_would_write_them(bus: Bus) -> None:
+    odd = Publication(
+        TASK_SUBJECT, b"x", {"Nats-Msg-Id": "h1", " X-Note ": " two\r\nlines ", "": "-"}
+    )
+    [ack] = await bus.publish_many([odd])
+    assert isinstance(ack, StreamAck)
+    [entry] = await stream_entries(bus.js, TASK_STREAM)
+    assert (entry.headers or {})["X-Note"] == "two  lines"
+    assert (entry.headers or {})["Nats-Msg-Id"] == "h1"
+
+
+async def test_a_bad_subject_or_header_name_fails_only_its_item(bus: Bus) -> None:
+    spaced = item("s", subject=f"{TASK_SUBJECT} PUB x 1")
+    named = Publication(TASK_SUBJECT, b"n", {"Bad Name": "v", "Nats-Msg-Id": "n"})
+    acks = await bus.publish_many([spaced, named, item("ok")])
+    assert isinstance(acks[0], nats.errors.BadSubjectError)
+    assert isinstance(acks[1], nats.errors.BadHeaderError)
+    assert isinstance(acks[2], StreamAck) and acks[2].seq == 1
+    assert bus.nc.is_connected
+
+
+async def test_a_closed_connection_fails_every_item_at_once(bus: Bus) -> None:
+    await bus.publish_many([item("before")])
+    await bus.nc.close()
+    started = asyncio.get_running_loop().time()
+    acks = await bus.publish_many([item("a"), item("b")], timeout_s=5)
+    assert asyncio.get_running_loop().time() - started < 2  # no wait for acks that cannot come
+    assert all(isinstance(ack, nats.errors.ConnectionClosedError) for ack in acks)
+
+
+async def test_ack_many_acks_every_delivery_in_one_write(bus: Bus) -> None:
+    await publish_tasks(bus.js, range(5))
+    spec = ConsumerSpec(stream=TASK_STREAM, durable="ack-many", ack_wait_s=30)
+    await ensure_consumer(bus.js, spec)
+    puller = Puller(bus.nc, TASK_STREAM, "ack-many")
+    await puller.start()
+    delivered = await puller.fetch(5, 1.0)
+    assert len(delivered) == 5
+    await bus.ack_many(delivered)
+    await bus.flush()
+    info = await bus.js.consumer_info(TASK_STREAM, "ack-many")
+    assert (info.num_ack_pending, info.num_pending) == (0, 0)
+    await puller.close()
+
+
+async def test_ack_many_on_a_closed_connection_raises(bus: Bus) -> None:
+    await publish_tasks(bus.js, range(1))
+    await ensure_consumer(bus.js, ConsumerSpec(stream=TASK_STREAM, durable="closed", ack_wait_s=30))
+    puller = Puller(bus.nc, TASK_STREAM, "closed")
+    await puller.start()
+    delivered = await puller.fetch(1, 1.0)
+    await bus.nc.close()
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await bus.ack_many(delivered)

@@ -1,4 +1,5 @@
-"""The batch path's pieces without a server: ack subjects, publish replies, the ack inbox, pulls."""
+"""The batch path's pieces without a server: ack subjects, publish replies and commands, the
+ack inbox, pulls."""
 
 from __future__ import annotations
 
@@ -10,11 +11,22 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
+from protocol.errors import PayloadTooLarge
 from services.runtime.batch import ack_numbers, batch_delivery
-from services.runtime.bus import StreamAck, _AckInbox, _Pending, pub_result
+from services.runtime.bus import (
+    Publication,
+    StreamAck,
+    _AckInbox,
+    _Pending,
+    ack_command,
+    header_block,
+    pub_result,
+    publish_command,
+)
 from services.runtime.pull import Puller, PullFailed, PullRequest, next_subject
 
 V1_ACK = "$JS.ACK.TEMPER_ROLLOUTS.validator.3.1042.977.1796021541230000000.12"
@@ -118,6 +130,69 @@ async def test_an_empty_publish_waits_for_nothing() -> None:
     pending = _Pending(0)
     await asyncio.wait_for(pending.wait(10.0), 0.5)
     assert pending.results == []
+
+
+async def test_a_failed_write_settles_only_what_still_waits() -> None:
+    inbox = _AckInbox("_INBOX.test.")
+    pending = _Pending(3)
+    replies = [inbox.expect(pending, index) for index in range(3)]
+    inbox.forget(replies[1])
+    pending.settle(1, PayloadTooLarge(10, 5, "payload"))
+    await inbox._on_reply(msg(subject=replies[0], data=b'{"stream":"S","seq":1}'))
+    inbox.fail(pending, nats.errors.ConnectionClosedError())
+    await asyncio.wait_for(pending.wait(10.0), 0.5)
+    assert isinstance(pending.results[0], StreamAck)
+    assert isinstance(pending.results[1], PayloadTooLarge)
+    assert isinstance(pending.results[2], nats.errors.ConnectionClosedError)
+    assert not inbox._waiting
+
+
+# ---------------------------------------------------------------- commands written in bulk
+
+
+async def nats_py_bytes(
+    subject: str, payload: bytes, reply: str, headers: dict[str, str] | None
+) -> bytes:
+    """What nats-py's publish() queues for the socket (no connection needed to build it)."""
+    client = Client()
+    await client._send_publish(subject, reply, payload, len(payload), headers)
+    [command] = client._pending
+    return command
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Temper-Version": "1", "Nats-Msg-Id": "arithmetic-1/0"},
+        {" Spaced ": "  padded  ", "": "dropped", "Broken": "one\r\ntwo\nthree"},
+        {},
+    ],
+)
+async def test_a_publish_command_is_the_bytes_nats_py_writes(headers: dict[str, str]) -> None:
+    item = Publication("temper.v1.scored.d.t", b"\x00payload\r\n", headers)
+    expected = await nats_py_bytes(item.subject, item.payload, "_INBOX.x.7", headers)
+    assert publish_command(item, "_INBOX.x.7", 1024) == expected
+
+
+async def test_an_ack_command_is_the_bytes_msg_ack_writes() -> None:
+    written = await nats_py_bytes(V1_ACK, b"", "", None)
+    # nats-py leaves the empty reply field in ("PUB <subject>  0"); the server reads both alike.
+    assert ack_command(V1_ACK) == written.replace(b"  ", b" ")
+
+
+def test_what_the_server_would_refuse_is_refused_before_it_is_written() -> None:
+    item = Publication("s", b"x" * 10, {"K": "v"})
+    exact = len(header_block(item.headers)) + 10
+    assert publish_command(item, "r", exact).endswith(b"x" * 10 + b"\r\n")
+    with pytest.raises(PayloadTooLarge):
+        publish_command(item, "r", exact - 1)
+    for subject in ("", "a b", "a\r\nPUB x 0"):
+        with pytest.raises(nats.errors.BadSubjectError):
+            publish_command(item._replace(subject=subject), "r", 1024)
+    with pytest.raises(nats.errors.BadHeaderError):
+        publish_command(item._replace(headers={"Bad:Name": "v"}), "r", 1024)
+    with pytest.raises(nats.errors.BadSubjectError):
+        ack_command("")
 
 
 # ---------------------------------------------------------------- the puller

@@ -1,7 +1,9 @@
-"""The validator's batch path: results embed the rollout's own bytes; tolerance checked exactly."""
+"""The validator's batch path: results embed the rollout's own bytes; tolerance checked exactly;
+the collector tuned for rollouts in flight."""
 
 from __future__ import annotations
 
+import gc
 from fractions import Fraction
 
 import msgpack
@@ -21,7 +23,7 @@ from protocol.messages import (
 )
 from protocol.packed import pack_f32, pack_i32
 from services.validator.numbers import close
-from services.validator.service import ScoredWire
+from services.validator.service import ScoredWire, tune_gc
 
 SCORED: Codec[ScoredRollout] = Codec(ScoredRollout)
 
@@ -97,3 +99,21 @@ def test_close_near_the_bound(a: Fraction, scale: int, rel_tol: float) -> None:
     b = a + Fraction(abs(rel_tol)) * abs(a) * Fraction(scale, 10**6) * 2
     bound = max(Fraction(0), Fraction(rel_tol) * max(abs(a), abs(b)))
     assert close(a, b, rel_tol, 0.0) == (abs(a - b) <= bound)
+
+
+def test_gc_tuning_raises_the_young_threshold_and_respects_a_switched_off_collector() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        frozen = gc.get_freeze_count()
+        tune_gc(0)  # the setting's "leave it alone"
+        assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == frozen
+        tune_gc(50_000)
+        assert gc.get_threshold() == (50_000, 10, 10)
+        assert gc.get_freeze_count() > 0  # what was loaded is left out of collections
+        gc.set_threshold(0, 10, 10)
+        tune_gc(50_000)
+        assert gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -22,7 +22,13 @@ from protocol.messages import (
 )
 from services.domains import Domain, DomainError, DomainRegistry, Problem, ValidatorSpec
 from services.domains.params import Params
-from services.validator.base import InfraFailure, InvalidRollout, Validator, Verdict
+from services.validator.base import (
+    InfraFailure,
+    InvalidRollout,
+    RuleValidator,
+    Validator,
+    Verdict,
+)
 from services.validator.compose import Judge, Panel, Scorer, combine, run_judge
 from services.validator.factory import Resources
 from services.validator.stats import UNKNOWN, DomainStats
@@ -171,6 +177,32 @@ async def test_plugin_validator_kinds_and_per_spec_timeouts() -> None:
     assert (await aliased.score(rollout())).reward == 0.5
 
 
+class Broken(RuleValidator):
+    def check(self, rollout: Rollout) -> Verdict:
+        raise InvalidRollout("no reference")
+
+
+async def test_rule_panels_are_judged_inline_as_they_would_be_awaited() -> None:
+    rules = domain("rules", ValidatorSpec(kind="exact"), ValidatorSpec(kind="format"))
+    waits = domain("waits", ValidatorSpec(kind="tests.unit.test_validator_compose:half"))
+    built = scorer(rules, waits)
+    assert built.inline("rules") and built.inline("elsewhere") and not built.inline("waits")
+    for text in ("<answer>1</answer>", "<answer>2</answer>", "no tags"):
+        one = rollout(domain="rules", completion_text=text)
+        assert built.judge_now(one) == await built.judge(one)
+    unknown = rollout(domain="elsewhere")
+    assert built.judge_now(unknown) == await built.judge(unknown)
+    with pytest.raises(ValueError, match="'waits' has validators that wait"):
+        built.judge_now(rollout(domain="waits"))
+
+
+async def test_a_rule_that_raises_is_judged_the_same_inline() -> None:
+    panel = Panel(domain(), (judge(Broken()),))
+    inline = panel.judge_now(rollout())
+    assert inline == await panel.judge(rollout())
+    assert (inline.status, inline.error) == (ScoreStatus.INVALID, "j: no reference")
+
+
 @pytest.mark.parametrize(
     ("spec", "error"),
     [
@@ -218,8 +250,8 @@ def test_domain_stats_figures_and_metrics() -> None:
         scored(ScoreStatus.INFRA_FAILURE),
         scored(ScoreStatus.INVALID),
     ]:
-        stats.record("d", outcome, threshold=1.0)
-    stats.record("who", scored(ScoreStatus.INVALID), threshold=None)
+        stats.record("d", outcome.status, outcome.reward, threshold=1.0)
+    stats.record("who", ScoreStatus.INVALID, 0.0, threshold=None)
     values = stats.values()
     assert values["domain.d.rollouts"] == 4
     assert values["domain.d.mean_reward"] == 0.75
@@ -233,6 +265,33 @@ def test_domain_stats_figures_and_metrics() -> None:
     assert sample("temper_validator_passed_total", {"domain": "d"}) == 1
     stats.observe_run("math", ScoreStatus.SCORED, 0.001)
     assert sample("temper_validator_runs_total", {"kind": "math", "status": "scored"}) == 1
+    # Only outcomes seen are exported; unknown domains share one label.
+    assert sample("temper_validator_rollouts_total", {"domain": UNKNOWN, "status": "invalid"}) == 1
+    assert (
+        sample("temper_validator_rollouts_total", {"domain": UNKNOWN, "status": "scored"}) is None
+    )
+
+
+def test_latency_buckets_hold_what_is_at_or_below_their_bound() -> None:
+    registry = CollectorRegistry(auto_describe=True)
+    stats = DomainStats(registry)
+    for seconds in (0.0001, 0.00011, 100.0):
+        stats.observe_run("math", ScoreStatus.SCORED, seconds)
+    stats.observe_run("math", ScoreStatus.INFRA_FAILURE, 0.002)
+
+    def bucket(le: str) -> float | None:
+        return registry.get_sample_value(
+            "temper_validator_seconds_bucket", {"kind": "math", "le": le}
+        )
+
+    assert [bucket(le) for le in ("0.0001", "0.0005", "0.005", "60.0", "+Inf")] == [1, 2, 3, 3, 4]
+    assert registry.get_sample_value("temper_validator_seconds_count", {"kind": "math"}) == 4
+    total = registry.get_sample_value("temper_validator_seconds_sum", {"kind": "math"})
+    assert total == pytest.approx(100.00221)
+    runs = {"kind": "math", "status": "infra_failure"}
+    assert registry.get_sample_value("temper_validator_runs_total", runs) == 1
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        DomainStats(registry)  # one set of these metrics per registry
 
 
 async def test_installed_validator_plugins_are_found_by_entry_point(
