@@ -128,7 +128,8 @@ class TorchEngine:
     ) -> None:
         self.model_dir = Path(model_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        # bf16 on a GPU; float32 on the CPU, where bf16 is several times slower.
+        # bf16 on a GPU; float32 on the CPU: behaviour logprobs then match a float32
+        # learner's, and CPUs without AVX512-BF16 run bf16 several times slower.
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.cache_bytes = cache_bytes
         self.cache_outputs = cache_outputs
