@@ -249,11 +249,14 @@ def _domain_check(settings: GeneratorSettings) -> Callable[[str], bool] | None:
 
 def make_engine(settings: GeneratorSettings) -> Engine:
     if settings.engine == "torch":
+        import torch
+
         from services.generator.torch_engine import TorchEngine
 
         return TorchEngine(
             settings.model,
             device=settings.device or None,
+            dtype=getattr(torch, settings.dtype) if settings.dtype else None,
             cache_bytes=settings.prefix_cache_mb << 20,
         )
     from services.generator.sglang_engine import SGLangEngine

@@ -8,6 +8,8 @@ from pathlib import Path
 from services.runtime.settings import RuntimeSettings
 
 ENGINES = ("torch", "sglang")
+#: Torch engine weight and activation types; empty: bfloat16 on a GPU, float32 on a CPU.
+DTYPES = ("", "float32", "bfloat16", "float16")
 TOOLBOXES = ("sandbox", "local")
 
 
@@ -21,6 +23,10 @@ class GeneratorSettings:
     sglang_urls: tuple[str, ...] = ()
     #: ``cpu``, ``cuda``; empty picks cuda when available.
     device: str = ""
+    #: Torch engine dtype (``float32``, ``bfloat16``, ``float16``); empty: bfloat16 on a GPU,
+    #: float32 on a CPU, where behaviour logprobs then match a float32 learner's.
+    #: ``bfloat16`` is about 2x faster on CPUs with AVX512-BF16, slower on others.
+    dtype: str = ""
     #: Memory bound of the torch engine's prefix cache.
     prefix_cache_mb: int = 256
     #: Tasks generated at once by this instance, across all priority tiers.
@@ -45,6 +51,8 @@ class GeneratorSettings:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES[1:])}")
         if self.tools not in TOOLBOXES:
             raise ValueError(f"tools {self.tools!r} is not one of {', '.join(TOOLBOXES)}")
         if self.engine == "sglang" and not self.sglang_urls:

@@ -195,3 +195,27 @@ async def _until(predicate: object, timeout_s: float = 60.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not predicate():  # type: ignore[operator]
             await asyncio.sleep(0.05)
+
+
+def test_engine_dtype_comes_from_the_settings(tiny_model: Path) -> None:
+    import torch
+
+    from services.generator.service import make_engine
+
+    chosen = make_engine(GeneratorSettings(model=tiny_model, dtype="bfloat16"))
+    assert getattr(chosen, "dtype", None) == torch.bfloat16
+    default = make_engine(GeneratorSettings(model=tiny_model, device="cpu"))
+    assert getattr(default, "dtype", None) == torch.float32
+    with pytest.raises(ValueError, match=r"float64.*float32, bfloat16, float16"):
+        GeneratorSettings(dtype="float64")
+
+
+async def test_a_bfloat16_generator_serves_tasks(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    async with GeneratorService(_settings(nats_url, tiny_model, dtype="bfloat16")):
+        await _submit(nc.jetstream(), _task("t-bf16", n=2))
+        rollouts = await tap.wait(2)
+    assert {r.status for r in rollouts} == {RolloutStatus.OK}
+    assert all((r.behaviour_logprobs < 0).all() for r in rollouts)
+
