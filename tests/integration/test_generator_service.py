@@ -218,4 +218,3 @@ async def test_a_bfloat16_generator_serves_tasks(
         rollouts = await tap.wait(2)
     assert {r.status for r in rollouts} == {RolloutStatus.OK}
     assert all((r.behaviour_logprobs < 0).all() for r in rollouts)
-
