@@ -1423,7 +1423,9 @@ class Zygote:
                 _close_all(fds)
                 raise ConnectionResetError(errno.ECONNRESET, "the zygote hung up")
             pid = SPARE_PID.unpack(data)[0]
-            if pid and len(fds) == 1:
+            # A stray may have killed it between its fork and now: a dead pid kept as a
+            # helper would shield whatever process later reuses that pid from reset.
+            if pid and len(fds) == 1 and running_child(pid):
                 self.spares.append(Spare(pid, socket.socket(fileno=fds[0])))
             else:
                 _close_all(fds)
@@ -1435,6 +1437,16 @@ class Zygote:
         if self.ctl is not None:
             self.ctl.close()
         self.pid, self.ctl, self.asked = 0, None, 0
+
+
+def running_child(pid: int) -> bool:
+    """Whether ``pid`` is a child of this process that has not exited (one that has is
+    reaped here; one reaped already is no child any more)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
 
 
 def _close_all(fds: list[int]) -> None:

@@ -912,3 +912,19 @@ def test_a_spare_is_forked_as_the_agents_own_child(how: str) -> None:
         timeout=30,
     )
     assert (done.returncode, done.stdout) == (0, "True True 0\n"), done.stderr
+
+
+def test_running_child_tells_a_live_spare_from_a_dead_or_foreign_pid() -> None:
+    from services.sandbox.agent import running_child
+
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    pid = os.posix_spawn(sleep, ["sleep", "30"], dict(os.environ))
+    try:
+        assert running_child(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped yet
+    assert not running_child(pid)  # and reaped by the check
+    assert not running_child(pid)  # no child of ours any more
+    assert not running_child(os.getppid())
