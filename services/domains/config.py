@@ -69,7 +69,9 @@ class Overrides(_Config):
     prompt: PromptTable | None = None
     validators: list[ValidatorTable] | None = None
     tools: list[str] | None = None
-    sandbox: SandboxLimits | None = None
+    #: SandboxLimits' fields; checked in ``apply``, where a misspelt one is an error (the
+    #: protocol message itself lets unknown fields pass, for newer peers).
+    sandbox: dict[str, Any] | None = None
     eval_fraction: float | None = None
     max_tokens: int | None = None
     max_turns: int | None = None
@@ -144,7 +146,7 @@ def build(declaration: Declaration, defaults: Overrides, base: Path, kinds: Kind
 
 #: Fields an override replaces as they are.
 _SCALARS: tuple[str, ...] = ("eval_fraction", "max_tokens", "max_turns", "samples", "tier")
-_SCALARS += ("pass_threshold", "description", "sandbox")
+_SCALARS += ("pass_threshold", "description")
 
 
 def apply(domain: Domain, overrides: Overrides) -> Domain:
@@ -154,6 +156,8 @@ def apply(domain: Domain, overrides: Overrides) -> Domain:
     }
     if overrides.tools is not None:
         changes["tools"] = tuple(overrides.tools)
+    if overrides.sandbox is not None:
+        changes["sandbox"] = sandbox_limits(domain.name, overrides.sandbox)
     if overrides.prompt is not None:
         prompt = {
             k: v for k, v in msgspec.structs.asdict(overrides.prompt).items() if v is not None
@@ -165,6 +169,20 @@ def apply(domain: Domain, overrides: Overrides) -> Domain:
             for v in overrides.validators
         )
     return dataclasses.replace(domain, **changes) if changes else domain
+
+
+def sandbox_limits(domain: str, table: Mapping[str, Any]) -> SandboxLimits:
+    """A ``sandbox`` table as SandboxLimits; an unknown or invalid limit names itself."""
+    known = SandboxLimits.__struct_fields__
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise DomainError(
+            domain, f"unknown sandbox limit {', '.join(unknown)} (known: {', '.join(known)})"
+        )
+    try:
+        return msgspec.convert(dict(table), SandboxLimits)
+    except msgspec.ValidationError as error:
+        raise DomainError(domain, f"sandbox limits: {error}") from None
 
 
 def load_file(path: Path, kinds: KindLookup) -> tuple[list[Domain], bool]:

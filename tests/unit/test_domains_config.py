@@ -179,6 +179,14 @@ def test_a_folder_loads_every_file_and_jsonl_paths_are_relative(tmp_path: Path) 
             "timeout_s",
         ),
         (
+            '[[domain]]\nname = "x"\nkind = "arithmetic"\nsandbox = { memroy_mb = 64 }\n',
+            "domain 'x': unknown sandbox limit memroy_mb (known: timeout_s, memory_mb",
+        ),
+        (
+            '[defaults]\nsandbox = { pid = 8 }\n[[domain]]\nname = "x"\nkind = "arithmetic"\n',
+            "unknown sandbox limit pid",
+        ),
+        (
             '[[domain]]\nname = "x"\nkind = "jsonl"\nparams = { path = "missing.jsonl" }\n',
             "cannot read dataset",
         ),
