@@ -257,6 +257,7 @@ class TorchEngine:
                 try:
                     finished = await self._call(self._step, admitted)
                 except Exception as exc:  # torch/transformers failure: infrastructure, typed
+                    log.error("batch_step_failed", error=repr(exc), rows=len(self._batch))
                     self._fail(admitted, EngineError(f"torch engine failed: {exc!r}"))
                     continue
                 for job in finished:

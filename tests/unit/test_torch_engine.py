@@ -443,6 +443,28 @@ async def test_cancelling_one_request_leaves_the_others_in_the_batch(
     assert_fresh(reference["a"], PROMPT[:9], [sample])
 
 
+async def test_a_failing_step_fails_its_batch_and_the_engine_goes_on(
+    engine: TorchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logits = engine._logits
+    calls = 0
+
+    def breaks_on_the_third_pass(**inputs: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("simulated kernel failure")
+        return logits(**inputs)
+
+    monkeypatch.setattr(engine, "_logits", breaks_on_the_third_pass)
+    running = [generate(engine, p, Sampling(max_new_tokens=20, seed=0)) for p in PROMPTS]
+    results = await asyncio.gather(*running, return_exceptions=True)
+    assert results and all(isinstance(r, EngineError) for r in results), results
+    assert "simulated kernel failure" in str(results[0])
+    [sample] = await generate(engine, PROMPT)
+    assert len(sample.output_ids) == GREEDY.max_new_tokens
+
+
 async def test_close_fails_the_requests_in_the_batch(models: dict[str, Path]) -> None:
     engine = TorchEngine(models["a"], device="cpu")
     await engine.start()
