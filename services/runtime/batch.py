@@ -41,16 +41,15 @@ from services.runtime.bus import Bus
 from services.runtime.consumer import (
     ConsumerTuning,
     Delivery,
-    MessageSource,
     PullConsumer,
     Slots,
+    delivery_of,
     quietly,
 )
 from services.runtime.deadletter import DeadLetters
 from services.runtime.errors import Reject
 from services.runtime.jetstream import ConsumerSpec
 from services.runtime.metrics import ServiceMetrics
-from services.runtime.pull import Puller
 
 M = TypeVar("M")
 
@@ -60,33 +59,6 @@ Outcome = Exception | None
 #: An outcome now, or one to await (settled when it completes).
 Result = Outcome | Awaitable[Outcome]
 BatchHandler = Callable[[list[tuple[M, Delivery]]], Awaitable[Sequence[Result]]]
-
-
-def ack_numbers(msg: Msg) -> tuple[int, int]:
-    """(num_delivered, stream sequence) of a JetStream delivery.
-
-    Read straight from the ack subject: nats-py's ``msg.metadata`` also builds a datetime
-    and two dataclasses, which costs more than the rest of a batch's bookkeeping.
-    """
-    tokens = msg.reply.split(".")
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
-    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return int(tokens[4]), int(tokens[5])
-    meta = msg.metadata  # the longer form with a domain; raises if this is no delivery
-    return meta.num_delivered, meta.sequence.stream
-
-
-def batch_delivery(msg: Msg) -> Delivery:
-    hdrs = msg.headers or {}
-    delivered, stream_seq = ack_numbers(msg)
-    return Delivery(
-        subject=msg.subject,
-        headers=hdrs,
-        trace_id=hdrs.get(h.TRACE_ID, ""),
-        num_delivered=delivered,
-        stream_seq=stream_seq,
-        msg=msg,
-    )
 
 
 def _discard(results: Sequence[Result]) -> None:
@@ -113,11 +85,6 @@ class BatchConsumer(PullConsumer, Generic[M]):
         super().__init__(spec, bus=bus, dead_letters=dead_letters, metrics=metrics, tuning=tuning)
         self._codec = codec
         self._handler = handler
-
-    async def _open(self) -> MessageSource:
-        puller = Puller(self._bus.nc, self.spec.stream, self.spec.durable)
-        await puller.start()
-        return puller
 
     def _batch_limit(self, free: int) -> int:
         size = self._tuning.batch_size
@@ -165,7 +132,7 @@ class BatchConsumer(PullConsumer, Generic[M]):
         items: list[tuple[M, Delivery]] = []
         redelivered = 0
         for index, msg in enumerate(msgs):
-            delivery = batch_delivery(msg)
+            delivery = delivery_of(msg)
             redelivered += delivery.num_delivered > 1
             try:
                 message = self._codec.decode(msg.data)

@@ -16,7 +16,6 @@ from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
 from protocol.errors import PayloadTooLarge
-from services.runtime.batch import ack_numbers, batch_delivery
 from services.runtime.bus import (
     Publication,
     StreamAck,
@@ -27,6 +26,7 @@ from services.runtime.bus import (
     pub_result,
     publish_command,
 )
+from services.runtime.consumer import ack_numbers, delivery_of
 from services.runtime.pull import Puller, PullFailed, PullRequest, next_subject
 
 V1_ACK = "$JS.ACK.TEMPER_ROLLOUTS.validator.3.1042.977.1796021541230000000.12"
@@ -59,10 +59,10 @@ def test_a_message_without_an_ack_subject_is_no_delivery() -> None:
 
 def test_batch_delivery_carries_the_trace_id_and_the_message() -> None:
     delivered = msg(subject="temper.v1.rollout.x", reply=V1_ACK, headers={"Temper-Trace-Id": "t1"})
-    delivery = batch_delivery(delivered)
+    delivery = delivery_of(delivered)
     assert (delivery.trace_id, delivery.num_delivered, delivery.stream_seq) == ("t1", 3, 1042)
     assert delivery.subject == "temper.v1.rollout.x" and delivery.msg is delivered
-    assert batch_delivery(msg(reply=V1_ACK)).trace_id == ""
+    assert delivery_of(msg(reply=V1_ACK)).trace_id == ""
 
 
 # ---------------------------------------------------------------- publish replies
