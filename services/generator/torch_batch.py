@@ -1,11 +1,11 @@
 """Rows of several requests decoded as one batch: left-padded KV, per-row positions.
 
 Every layer's KV is ``[rows, kv_heads, width, head_dim]``; each row's real tokens are
-right-aligned (left padding), ``mask`` marks the real columns and ``lengths`` counts each
-row's real tokens, which is also the position of the row's next token.  A decode step
-appends one column to every row, so rows stay right-aligned; a joining request is padded
-to the batch's width (or the batch to its width), and columns that no row uses any more
-are cut off when rows leave.
+right-aligned (left padding) and ``lengths`` counts each row's real tokens, which is
+also the position of the row's next token; the attention mask follows from the lengths.
+A decode step appends one column to every row, so rows stay right-aligned; a joining
+request is padded to the batch's width (or the batch to its width), and columns that no
+row uses any more are cut off when rows leave.
 
 Worker-thread only: the engine touches a batch from its single torch thread.
 """
@@ -34,7 +34,8 @@ class Batch(Generic[Owner]):
 
     def _reset(self) -> None:
         self.cache: DynamicCache | None = None
-        self.mask = torch.ones(0, 0, dtype=torch.bool, device=self.device)
+        #: Columns of the KV (the longest row's length).
+        self.width = 0
         self.lengths: list[int] = []
         self.owners: list[Owner] = []
         #: Each row's index among its owner's rows.
@@ -49,15 +50,14 @@ class Batch(Generic[Owner]):
     def add(self, cache: DynamicCache, owner: Owner, rows: int) -> None:
         """Join ``rows`` rows whose KV (no padding, all one length) is ``cache``."""
         length = cache.get_seq_length()
-        joining = self._ones(rows, length)
         if self.cache is None:
-            self.cache, self.mask = cache, joining
+            self.cache = cache
         else:
-            width = max(self.mask.shape[1], length)
+            width = max(self.width, length)
             for mine, theirs in zip(_layers(self.cache), _layers(cache), strict=True):
                 mine.keys = torch.cat((_pad(_keys(mine), width), _pad(_keys(theirs), width)))
                 mine.values = torch.cat((_pad(_values(mine), width), _pad(_values(theirs), width)))
-            self.mask = torch.cat((_pad(self.mask, width), _pad(joining, width)))
+        self.width = max(self.width, length)
         self.lengths += [length] * rows
         self.owners += [owner] * rows
         self.rows += list(range(rows))
@@ -70,7 +70,6 @@ class Batch(Generic[Owner]):
         assert self.cache is not None
         chosen = torch.tensor(indices, device=self.device)
         self.cache.batch_select_indices(chosen)
-        self.mask = self.mask[chosen]
         self.lengths = [self.lengths[i] for i in indices]
         self.owners = [self.owners[i] for i in indices]
         self.rows = [self.rows[i] for i in indices]
@@ -78,34 +77,36 @@ class Batch(Generic[Owner]):
 
     def _trim(self) -> None:
         """Cut the leading columns that are padding in every row."""
-        unused = self.mask.shape[1] - max(self.lengths)
+        unused = self.width - max(self.lengths)
         if unused <= 0:
             return
         assert self.cache is not None
         for layer in _layers(self.cache):
             layer.keys = _keys(layer)[:, :, unused:]
             layer.values = _values(layer)[:, :, unused:]
-        self.mask = self.mask[:, unused:]
+        self.width -= unused
 
-    def step_inputs(self, last_tokens: list[int]) -> dict[str, torch.Tensor | None]:
-        """Model inputs for one new token per row (the rows' last sampled tokens)."""
+    def step(self, last_tokens: list[int]) -> dict[str, torch.Tensor | None]:
+        """Model inputs for one new token per row (the rows' last sampled tokens).
+
+        The bookkeeping counts that token at once: the forward pass appends its KV (and
+        if it fails, the engine drops the whole batch).
+        """
         ids = torch.tensor(last_tokens, device=self.device).unsqueeze(1)
-        positions = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
+        lengths = torch.tensor(self.lengths, device=self.device)
         # Without padding, no mask: the model takes its plain causal path.
         mask = None
-        if not bool(self.mask.all()):
-            mask = torch.cat((self.mask, self._ones(len(self), 1)), dim=1)
-        return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
-
-    def stepped(self) -> None:
-        """Every row has one more real token (the model appended its KV)."""
-        self.mask = torch.cat((self.mask, self._ones(len(self), 1)), dim=1)
+        if min(self.lengths) < self.width:
+            columns = torch.arange(self.width + 1, device=self.device)
+            mask = columns >= (self.width - lengths).unsqueeze(1)
+        self.width += 1
         self.lengths = [n + 1 for n in self.lengths]
+        return {"input_ids": ids, "position_ids": lengths.unsqueeze(1), "attention_mask": mask}
 
     def row_kv(self, row: int, start: int, end: int) -> torch.Tensor:
         """``[layers, 2, kv_heads, end - start, head_dim]``: KV of a row's tokens start..end."""
         assert self.cache is not None
-        skip = self.mask.shape[1] - self.lengths[row]  # the row's left padding
+        skip = self.width - self.lengths[row]  # the row's left padding
         columns = slice(skip + start, skip + end)
         return torch.stack(
             [
@@ -121,9 +122,6 @@ class Batch(Generic[Owner]):
             if i == len(self) or self.owners[i] is not self.owners[start]:
                 yield self.owners[start], slice(start, i)
                 start = i
-
-    def _ones(self, rows: int, columns: int) -> torch.Tensor:
-        return torch.ones(rows, columns, dtype=torch.bool, device=self.device)
 
 
 def full_attention(cache: DynamicCache) -> bool:
@@ -147,12 +145,11 @@ def _values(layer: object) -> torch.Tensor:
     return layer.values
 
 
-def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad the sequence axis (dim 2 of KV, dim 1 of a mask) with zeros to ``width``."""
-    axis = 2 if tensor.dim() == 4 else 1
-    missing = width - tensor.shape[axis]
+def _pad(kv: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad KV's sequence axis with zeros to ``width`` columns."""
+    missing = width - kv.shape[2]
     if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[axis] = missing
-    return torch.cat((tensor.new_zeros(shape), tensor), dim=axis)
+        return kv
+    shape = list(kv.shape)
+    shape[2] = missing
+    return torch.cat((kv.new_zeros(shape), kv), dim=2)

@@ -435,7 +435,6 @@ class TorchEngine:
         batch = self._batch
         last = [job.rows[r].output[-1] for job, r in batch.members()]
         logits = self._forward_batch(batch, last)
-        batch.stepped()
         self.decode_steps += 1
         self.decode_rows += len(batch)
         self.peak_rows = max(self.peak_rows, len(batch))
@@ -505,7 +504,7 @@ class TorchEngine:
         return self._logits(input_ids=ids, **{self._cache_kw: cache})
 
     def _forward_batch(self, batch: Batch[_Job], last: list[int]) -> torch.Tensor:
-        return self._logits(**batch.step_inputs(last), **{self._cache_kw: batch.cache})
+        return self._logits(**batch.step(last), **{self._cache_kw: batch.cache})
 
     def _logits(self, **inputs: object) -> torch.Tensor:
         out = self._loaded()(use_cache=True, logits_to_keep=1, **inputs)

@@ -28,28 +28,22 @@ import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
 
 from protocol import headers as h
-from protocol.codec import Codec
 from protocol.errors import DecodeError
-from services.runtime.bus import Bus
 from services.runtime.consumer import (
-    ConsumerTuning,
     Delivery,
     PullConsumer,
     Slots,
     delivery_of,
     quietly,
 )
-from services.runtime.deadletter import DeadLetters
 from services.runtime.errors import Reject
-from services.runtime.jetstream import ConsumerSpec
-from services.runtime.metrics import ServiceMetrics
 
 M = TypeVar("M")
 
@@ -68,23 +62,8 @@ def _discard(results: Sequence[Result]) -> None:
             result.close()
 
 
-class BatchConsumer(PullConsumer, Generic[M]):
+class BatchConsumer(PullConsumer[M, BatchHandler[M]]):
     """Hands each fetch (up to ``tuning.batch_size`` messages) to the handler at once."""
-
-    def __init__(
-        self,
-        spec: ConsumerSpec,
-        codec: Codec[M],
-        handler: BatchHandler[M],
-        *,
-        bus: Bus,
-        dead_letters: DeadLetters,
-        metrics: ServiceMetrics,
-        tuning: ConsumerTuning,
-    ) -> None:
-        super().__init__(spec, bus=bus, dead_letters=dead_letters, metrics=metrics, tuning=tuning)
-        self._codec = codec
-        self._handler = handler
 
     def _batch_limit(self, free: int) -> int:
         size = self._tuning.batch_size

@@ -39,6 +39,8 @@ from services.runtime.priority import PriorityGate
 from services.runtime.pull import Puller, PullFailed
 
 M = TypeVar("M")
+#: What a consumer's handler is: one message at a time, or a whole fetch (batch mode).
+H = TypeVar("H")
 
 
 def max_deliveries_advisory(stream: str, durable: str) -> str:
@@ -107,17 +109,19 @@ class Slots:
         self.left = count
 
 
-class PullConsumer:
+class PullConsumer(Generic[M, H]):
     """A durable pull consumer with a bound on the messages it holds at once.
 
-    Subclasses say where messages come from (:meth:`_open`) and what becomes of a fetched
-    batch (:meth:`_spawn`: tasks in the consumer's group, each registered with
-    :meth:`_track` for the messages it holds).
+    Subclasses say what becomes of a fetched batch (:meth:`_spawn`: tasks in the
+    consumer's group, each registered with :meth:`_track` for the messages it holds),
+    decoded with ``codec`` and handed to ``handler``.
     """
 
     def __init__(
         self,
         spec: ConsumerSpec,
+        codec: Codec[M],
+        handler: H,
         *,
         bus: Bus,
         dead_letters: DeadLetters,
@@ -125,6 +129,8 @@ class PullConsumer:
         tuning: ConsumerTuning,
     ) -> None:
         self.spec = spec
+        self._codec = codec
+        self._handler = handler
         self._bus = bus
         self._js = bus.js
         self._work_queue = False
@@ -362,23 +368,8 @@ class PullConsumer:
                 await self._js.delete_msg(self.spec.stream, advisory.stream_seq)
 
 
-class Consumer(PullConsumer, Generic[M]):
+class Consumer(PullConsumer[M, Handler[M]]):
     """Each message handled in its own task, with bounded concurrency."""
-
-    def __init__(
-        self,
-        spec: ConsumerSpec,
-        codec: Codec[M],
-        handler: Handler[M],
-        *,
-        bus: Bus,
-        dead_letters: DeadLetters,
-        metrics: ServiceMetrics,
-        tuning: ConsumerTuning,
-    ) -> None:
-        super().__init__(spec, bus=bus, dead_letters=dead_letters, metrics=metrics, tuning=tuning)
-        self._codec = codec
-        self._handler = handler
 
     def _spawn(self, group: asyncio.TaskGroup, msgs: list[Msg]) -> None:
         for msg in msgs:

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Coroutine, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from protocol import streams, subjects
 from protocol.codec import Codec
@@ -30,6 +30,16 @@ from services.runtime.responder import Decoder, Request, RequestHandler, Respond
 from services.runtime.settings import RuntimeSettings
 
 M = TypeVar("M")
+C = TypeVar("C", bound=PullConsumer[Any, Any])
+
+
+class _ConsumerDeps(TypedDict):
+    """What a service gives each of its pull consumers."""
+
+    bus: Bus
+    dead_letters: DeadLetters
+    metrics: ServiceMetrics
+    tuning: ConsumerTuning
 
 
 #: Metrics source label of the health and ping responders.
@@ -66,7 +76,7 @@ class Service:
         self.started_at = 0.0
         self._bus: Bus | None = None
         self._dead: DeadLetters | None = None
-        self._consumers: list[PullConsumer] = []
+        self._consumers: list[PullConsumer[Any, Any]] = []
         self._responders: list[Responder[Any]] = []
         self._control: list[Responder[Any]] = []
         self._work: list[asyncio.Task[None]] = []
@@ -132,17 +142,7 @@ class Service:
         handler: Handler[M],
         tuning: ConsumerTuning | None = None,
     ) -> Consumer[M]:
-        consumer = Consumer(
-            spec,
-            codec,
-            handler,
-            bus=self.bus,
-            dead_letters=self.dead_letters,
-            metrics=self.metrics,
-            tuning=tuning or ConsumerTuning(),
-        )
-        self._consumers.append(consumer)
-        return consumer
+        return self._add_consumer(Consumer(spec, codec, handler, **self._consumer_deps(tuning)))
 
     def consume_batch(
         self,
@@ -153,15 +153,18 @@ class Service:
     ) -> BatchConsumer[M]:
         """Like :meth:`consume`, but ``handler`` takes a whole fetch and returns an outcome
         per message (see ``services.runtime.batch``)."""
-        consumer = BatchConsumer(
-            spec,
-            codec,
-            handler,
-            bus=self.bus,
-            dead_letters=self.dead_letters,
-            metrics=self.metrics,
-            tuning=tuning or ConsumerTuning(),
-        )
+        consumer = BatchConsumer(spec, codec, handler, **self._consumer_deps(tuning))
+        return self._add_consumer(consumer)
+
+    def _consumer_deps(self, tuning: ConsumerTuning | None) -> _ConsumerDeps:
+        return {
+            "bus": self.bus,
+            "dead_letters": self.dead_letters,
+            "metrics": self.metrics,
+            "tuning": tuning or ConsumerTuning(),
+        }
+
+    def _add_consumer(self, consumer: C) -> C:
         self._consumers.append(consumer)
         return consumer
 
