@@ -1048,6 +1048,8 @@ SPARE_WAIT_S = 5.0
 #: Spares kept ready: a run takes one and leaves another, so the reset that follows a
 #: run never waits for a fork (it must know every helper before strays are killed).
 SPARES = 2
+#: Spares a run may try before it gives up: a stray may have killed the ready ones.
+TAKE_TRIES = SPARES + 2
 AGENT_FILE = os.path.abspath(__file__)
 
 
@@ -1377,6 +1379,17 @@ class Zygote:
     # -- internals
 
     def _take(self) -> Spare:
+        # A stray's SIGKILL is delivered when the spare next runs: on a busy machine that
+        # can be after its run's pipes went to it, and the run would die unrun.
+        for _ in range(TAKE_TRIES):
+            spare = self._take_any()
+            if not being_killed(spare.pid):
+                _signal_quietly(spare.pid, signal.SIGCONT)  # a stray may have stopped it
+                return spare
+            spare.chan.close()  # the agent reaps it once it is gone
+        raise OSError(errno.EAGAIN, "every spare was killed before it could take the run")
+
+    def _take_any(self) -> Spare:
         if not self.spares:
             try:
                 self._make_spare()
@@ -1387,14 +1400,16 @@ class Zygote:
                 self._make_spare()
         if not self.spares:
             raise OSError(errno.EAGAIN, "the zygote could not fork (the pids limit?)")
-        spare = self.spares.pop(0)
-        _signal_quietly(spare.pid, signal.SIGCONT)  # a stray may have stopped it
-        return spare
+        return self.spares.pop(0)
 
     def _make_spare(self) -> None:
+        if self.ctl is not None and being_killed(self.pid):
+            self._lost()
         if self.ctl is None:  # it died (a stray killed it): a fresh one, clean by exec
             self.start(fresh=True, trusted=False)
         self.ask(1)
+        if self.ctl is None:  # the ask found it gone
+            raise ConnectionResetError(errno.ECONNRESET, "the zygote hung up")
         try:
             self._collect()
         except OSError:
@@ -1447,6 +1462,29 @@ def running_child(pid: int) -> bool:
     except ChildProcessError:
         return False
     return done == 0
+
+
+#: The bit of SIGKILL in /proc/<pid>/status's pending-signal masks.
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def being_killed(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL pending (sent, not yet acted on) or is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return True
+    return pending_signals(status) & _SIGKILL_BIT != 0
+
+
+def pending_signals(status: bytes) -> int:
+    """The union of a /proc/<pid>/status's thread and process pending-signal masks."""
+    mask = 0
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            mask |= int(line.split(b":", 1)[1], 16)
+    return mask
 
 
 def _close_all(fds: list[int]) -> None:

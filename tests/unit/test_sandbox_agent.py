@@ -928,3 +928,29 @@ def test_running_child_tells_a_live_spare_from_a_dead_or_foreign_pid() -> None:
     assert not running_child(pid)  # and reaped by the check
     assert not running_child(pid)  # no child of ours any more
     assert not running_child(os.getppid())
+
+
+def test_pending_signals_reads_both_masks_of_a_real_status() -> None:
+    from services.sandbox.agent import pending_signals
+
+    status = Path("/proc/self/status").read_bytes()
+    assert b"SigPnd:\t" in status and b"ShdPnd:\t" in status  # the format read
+    killed = status.replace(b"ShdPnd:\t0000000000000000", b"ShdPnd:\t0000000000000100")
+    assert killed != status
+    assert pending_signals(killed) == 1 << (signal.SIGKILL - 1)
+    hung_up = status.replace(b"SigPnd:\t0000000000000000", b"SigPnd:\t0000000000000001")
+    assert pending_signals(hung_up) == 1 << (signal.SIGHUP - 1)
+
+
+def test_being_killed_is_false_for_a_live_child_and_true_once_it_is_gone() -> None:
+    from services.sandbox.agent import being_killed
+
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    pid = os.posix_spawn(sleep, ["sleep", "30"], dict(os.environ))
+    try:
+        assert not being_killed(pid)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        os.waitpid(pid, 0)
+    assert being_killed(pid)
