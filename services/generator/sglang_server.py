@@ -110,6 +110,8 @@ class SGLangServerSettings:
     mem_fraction_static: float = 0.1
     attention_backend: str = "torch_native"
     device: str = "cpu"
+    #: Without it an idle scheduler polls in a loop and holds a whole core busy.
+    sleep_on_idle: bool = True
     #: Directory for the server log; a temporary one when ``None``.
     log_dir: Path | None = None
     ready_timeout_s: float = 180.0
@@ -158,6 +160,7 @@ class SGLangServer:
             "--mem-fraction-static", str(s.mem_fraction_static),
             "--host", s.host,
             "--port", str(port),
+            *(["--sleep-on-idle"] if s.sleep_on_idle else []),
             *s.extra_args,
         ]  # fmt: skip
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -117,6 +118,34 @@ def assert_close(actual: Sequence[float], expected: Sequence[float]) -> None:
 
 
 # ---------------------------------------------------------------- generation
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of group ``pgid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+async def test_an_idle_server_leaves_the_cpu_alone(
+    engine: SGLangEngine, sglang_server: SGLangServer
+) -> None:
+    await engine.generate(
+        GenerateRequest(prompt_ids=[5, 6, 7], sampling=Sampling(max_new_tokens=2))
+    )
+    assert sglang_server.pid is not None
+    await asyncio.sleep(1.5)  # past the scheduler's last poll of that request
+    before = group_cpu_s(sglang_server.pid)
+    await asyncio.sleep(3.0)
+    # A scheduler that polls in a loop burns about the whole window (3 s) on one core.
+    assert group_cpu_s(sglang_server.pid) - before < 1.0
 
 
 async def test_engine_satisfies_the_protocol(engine: SGLangEngine) -> None:

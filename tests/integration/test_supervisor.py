@@ -125,9 +125,19 @@ class Up:
     async def rest(self, timeout_s: float = 30.0) -> str:
         """Wait for the process to end; returns what it printed after the last line read."""
         assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout_s):
-            tail = (await self.proc.stdout.read()).decode()
-            await self.proc.wait()
+        chunks: list[bytes] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                while chunk := await self.proc.stdout.read(65536):
+                    chunks.append(chunk)
+                await self.proc.wait()
+        except TimeoutError:
+            left = {pid: command_line(pid) for pid in [self.proc.pid, *self.pids] if alive(pid)}
+            printed = "".join(self.lines) + b"".join(chunks).decode(errors="replace")
+            raise AssertionError(
+                f"temper up still running {timeout_s}s on; alive: {left}; it printed:\n{printed}"
+            ) from None
+        tail = b"".join(chunks).decode()
         self.lines.append(tail)
         return tail
 

@@ -90,6 +90,7 @@ def test_server_command_is_loopback_cpu_and_raw_logprobs(tmp_path: Path) -> None
     assert value("--host") == "127.0.0.1" and value("--port") == "4321"
     assert value("--device") == "cpu" and value("--dtype") == "float32"
     assert "--disable-cuda-graph" in command
+    assert "--sleep-on-idle" in command  # an idle scheduler must not hold a core
     assert sglang_server.SERVER_ENV["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"
 
 
