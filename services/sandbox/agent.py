@@ -1469,12 +1469,14 @@ _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
 def being_killed(pid: int) -> bool:
-    """Whether ``pid`` has a SIGKILL pending (sent, not yet acted on) or is gone."""
+    """Whether our child ``pid`` has a SIGKILL pending (sent, not yet acted on) or is gone."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read()
+    except FileNotFoundError:  # gone, or no /proc to tell: ask the kernel as its parent
+        return not running_child(pid)
     except OSError:
-        return True
+        return False
     return pending_signals(status) & _SIGKILL_BIT != 0
 
 
