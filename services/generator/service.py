@@ -258,6 +258,7 @@ def make_engine(settings: GeneratorSettings) -> Engine:
             device=settings.device or None,
             dtype=getattr(torch, settings.dtype) if settings.dtype else None,
             cache_bytes=settings.prefix_cache_mb << 20,
+            tune_linears=settings.tune_linears,
         )
     from services.generator.sglang_engine import SGLangEngine
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from services.generator import linear_forms
 from services.generator.engine import (
     Engine,
     EngineError,
@@ -376,6 +377,44 @@ async def test_concurrent_requests_decode_together_with_fresh_logprobs(
         assert len(samples) == 2
         assert_fresh(reference["a"], prompt, samples)
     assert engine.batch_statistics()["peak_rows"] > 2  # more than one request's rows at once
+
+
+async def test_linears_switched_at_every_row_count_keep_logprobs_fresh(
+    models: dict[str, Path], reference: dict[str, torch.nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def every_row_count(
+        weight: torch.Tensor, max_rows: int = linear_forms.MAX_ROWS
+    ) -> frozenset[int]:
+        return frozenset(range(1, max_rows + 1))
+
+    monkeypatch.setattr(linear_forms, "faster_rows", every_row_count)
+    monkeypatch.setattr(linear_forms, "MIN_BYTES", 0)  # the test model is small
+    engine = TorchEngine(models["a"], device="cpu")
+    await engine.start()
+    try:
+        assert engine.linear_plan and set(engine.linear_plan.values()) == {
+            every_row_count(torch.zeros(1))
+        }
+        stop = tuple(range(100, 300))  # rows leave the batch at different steps
+        samplings = [Sampling(max_new_tokens=14, seed=s, stop_token_ids=stop) for s in (1, 2, 3)]
+        results = await asyncio.gather(
+            *(generate(engine, p, s, n=2) for p, s in zip(PROMPTS, samplings, strict=True))
+        )
+        for prompt, samples in zip(PROMPTS, results, strict=True):
+            assert_fresh(reference["a"], prompt, samples)
+    finally:
+        await engine.close()
+
+
+async def test_linears_are_left_alone_when_tuning_is_off(models: dict[str, Path]) -> None:
+    engine = TorchEngine(models["a"], device="cpu", tune_linears=False)
+    await engine.start()
+    try:
+        assert engine.linear_plan == {}
+        layers = [m for m in engine._loaded().modules() if isinstance(m, torch.nn.Linear)]
+        assert layers and not any("forward" in vars(layer) for layer in layers)
+    finally:
+        await engine.close()
 
 
 async def test_a_request_joins_a_batch_already_decoding(

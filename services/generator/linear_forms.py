@@ -1,0 +1,133 @@
+"""Few-row products of decoding: per weight shape, the faster of two equal forms, measured.
+
+A decode step multiplies a few rows (one per sequence in the batch) by every weight
+matrix.  ``F.linear`` computes ``x @ W.T``; the same product taken as ``(W @ x.T).T``
+sends the BLAS down another kernel.  Which one is faster for few rows depends on the CPU
+and the BLAS: on this project's 2-core AMD EPYC machine with torch's MKL, the second
+reads the weights about 2x faster at 2-4 rows and is slower from 5-8 rows on, which
+makes a four-row decode step of ``bench/bench_generator.py``'s model about a quarter
+shorter.  So the torch engine measures both forms once per weight shape and row count
+when it loads a model, and a layer takes the second form only for the row counts where
+it clearly won.
+Results agree to float rounding (another summation order), not bit for bit.
+
+The layers stay ``nn.Linear`` with their own parameters (state dict and in-place weight
+updates unchanged); only their ``forward`` is replaced.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+#: The other form must be at least this much faster to be used.
+MARGIN = 1.2
+#: Row counts measured (1..MAX_ROWS); more rows always take ``F.linear``.
+MAX_ROWS = 8
+REPEATS = 3
+#: Each timing cycles through copies of the weight of about this many bytes in all, so
+#: that it comes from memory, as in a forward pass (a single copy may sit in the cache).
+COLD_BYTES = 64 << 20
+MAX_COPIES = 16
+#: Smaller models are not measured: their weights stay in the CPU's caches and their
+#: decode steps are bound by the per-layer overhead, not by the products.
+MIN_BYTES = 16 << 20
+
+Shape = tuple[int, int]
+Form = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+#: Per weight shape (out, in): the row counts that take the transposed form.
+Plan = Mapping[Shape, frozenset[int]]
+
+
+def transposed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.mm(weight, rows.t()).t().contiguous()
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def faster_rows(weight: torch.Tensor, max_rows: int = MAX_ROWS) -> frozenset[int]:
+    """The row counts (1..max_rows) for which the transposed form beat ``F.linear``."""
+    won = set()
+    with torch.inference_mode():
+        copies = _copies(weight)
+        for rows in range(1, max_rows + 1):
+            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            plain = _best_s(functional.linear, x, copies)
+            other = _best_s(transposed_linear, x, copies)
+            if plain > MARGIN * other:
+                won.add(rows)
+    return frozenset(won)
+
+
+def _copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    size = weight.numel() * weight.element_size()
+    count = min(MAX_COPIES, max(1, COLD_BYTES // max(size, 1)))
+    return [weight.detach().clone() for _ in range(count)]
+
+
+def worth_measuring(model: nn.Module) -> bool:
+    """Whether the model's linear weights are large enough for the form to matter."""
+    size = sum(layer.weight.numel() * layer.weight.element_size() for layer in _linears(model))
+    return size >= MIN_BYTES
+
+
+def measure(model: nn.Module, max_rows: int = MAX_ROWS) -> dict[Shape, frozenset[int]]:
+    """Both forms timed once per distinct weight shape of the model's linear layers."""
+    plan: dict[Shape, frozenset[int]] = {}
+    for layer in _linears(model):
+        shape = _shape(layer)
+        if shape not in plan:
+            plan[shape] = faster_rows(layer.weight, max_rows)
+    return plan
+
+
+def apply(model: nn.Module, plan: Plan) -> int:
+    """Switch each linear layer whose shape has row counts in ``plan``; how many were."""
+    switched = 0
+    for layer in _linears(model):
+        rows = plan.get(_shape(layer), frozenset())
+        if rows:
+            # An instance attribute: nn.Module.__call__ looks ``forward`` up on the instance.
+            object.__setattr__(layer, "forward", types.MethodType(_forward_for(rows), layer))
+            switched += 1
+    return switched
+
+
+def _forward_for(rows: frozenset[int]) -> Callable[[nn.Linear, torch.Tensor], torch.Tensor]:
+    def forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // layer.in_features in rows:
+            return transposed_linear(x, layer.weight, layer.bias)
+        return functional.linear(x, layer.weight, layer.bias)
+
+    return forward
+
+
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    # Exactly nn.Linear: a subclass may compute something else in its forward.
+    return [m for m in model.modules() if type(m) is nn.Linear]
+
+
+def _shape(layer: nn.Linear) -> Shape:
+    return (layer.out_features, layer.in_features)
+
+
+def _best_s(form: Form, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
+    """The best of REPEATS passes of ``form`` over ``weights`` (after one warm-up pass)."""
+    best = float("inf")
+    for attempt in range(REPEATS + 1):
+        start = time.perf_counter()
+        for weight in weights:
+            form(x, weight, None)
+        if attempt:  # the first pass: first-call allocations and kernel selection
+            best = min(best, time.perf_counter() - start)
+    return best
