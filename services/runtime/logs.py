@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
-from typing import TextIO
+from typing import TextIO, cast
 
 import structlog
 
 
+class CurrentStderr(io.TextIOBase):
+    """Whatever ``sys.stderr`` is at each write.
+
+    Loggers are cached on first use; one that kept the stderr of the moment would write to
+    a closed file once that is swapped out and closed (a test harness capturing output,
+    a daemonizing wrapper), and the write error would take the service down.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(service: str, level: str = "info", stream: TextIO | None = None) -> None:
-    """Called once by the process entry point (the CLI), never by library code."""
+    """Called once by the process entry point (the CLI), never by library code.
+
+    Without ``stream``, lines go to the process's stderr as it is when each is written.
+    """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
-    logging.basicConfig(level=numeric, stream=stream or sys.stderr, format="%(message)s")
+    stream = stream or cast(TextIO, CurrentStderr())
+    logging.basicConfig(level=numeric, stream=stream, format="%(message)s")
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -24,7 +44,7 @@ def configure(service: str, level: str = "info", stream: TextIO | None = None) -
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)
