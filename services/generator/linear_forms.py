@@ -6,9 +6,10 @@ sends the BLAS down another kernel.  Which one is faster for few rows depends on
 and the BLAS: on this project's 2-core AMD EPYC machine with torch's MKL, the second
 reads the weights about 2x faster at 2-4 rows and is slower from 5-8 rows on, which
 makes a four-row decode step of ``bench/bench_generator.py``'s model about a quarter
-shorter.  So the torch engine measures both forms once per weight shape and row count
-when it loads a model, and a layer takes the second form only for the row counts where
-it clearly won.
+shorter; and one row (MKL's matrix-vector kernel) goes faster as two, a zero row padded
+on.  So the torch engine measures the forms once per weight shape and row count when it
+loads a model, and a layer takes the second form (over its rows, or one more) only for
+the row counts where it clearly won.
 Results agree to float rounding (another summation order), not bit for bit.
 
 The layers stay ``nn.Linear`` with their own parameters (state dict and in-place weight
@@ -40,33 +41,44 @@ MIN_BYTES = 16 << 20
 
 Shape = tuple[int, int]
 Form = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-#: Per weight shape (out, in): the row counts that take the transposed form.
-Plan = Mapping[Shape, frozenset[int]]
+#: Per weight shape (out, in): row count -> the rows the transposed form computes, the
+#: same or one more (a zero row padded on, where that is faster still: one row is at MKL's
+#: matrix-vector kernel, two at its matrix-matrix one).
+Widths = Mapping[int, int]
+Plan = Mapping[Shape, Widths]
 
 
 def transposed_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, width: int = 0
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``."""
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ x.T).T``, over ``width`` rows
+    (zero rows padded on) when that is more than ``x`` has."""
     rows = x.reshape(-1, x.shape[-1])
-    out = torch.mm(weight, rows.t()).t().contiguous()
+    count = rows.shape[0]
+    if width > count:
+        rows = torch.cat((rows, rows.new_zeros(width - count, rows.shape[1])))
+    out = torch.mm(weight, rows.t()).t()[:count].contiguous()
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def faster_rows(weight: torch.Tensor, max_rows: int = MAX_ROWS) -> frozenset[int]:
-    """The row counts (1..max_rows) for which the transposed form beat ``F.linear``."""
-    won = set()
+def faster_widths(weight: torch.Tensor, max_rows: int = MAX_ROWS) -> dict[int, int]:
+    """For the row counts (1..max_rows) where the transposed form, over those rows or one
+    more, beat ``F.linear``: the rows it computes."""
     with torch.inference_mode():
         copies = _copies(weight)
+        inputs = {
+            rows: torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            for rows in range(1, max_rows + 2)
+        }
+        other = {rows: _best_s(transposed_linear, inputs[rows], copies) for rows in inputs}
+        widths = {}
         for rows in range(1, max_rows + 1):
-            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            plain = _best_s(functional.linear, x, copies)
-            other = _best_s(transposed_linear, x, copies)
-            if plain > MARGIN * other:
-                won.add(rows)
-    return frozenset(won)
+            width = min((rows, rows + 1), key=other.__getitem__)
+            if _best_s(functional.linear, inputs[rows], copies) > MARGIN * other[width]:
+                widths[rows] = width
+    return widths
 
 
 def _copies(weight: torch.Tensor) -> list[torch.Tensor]:
@@ -81,13 +93,13 @@ def worth_measuring(model: nn.Module) -> bool:
     return size >= MIN_BYTES
 
 
-def measure(model: nn.Module, max_rows: int = MAX_ROWS) -> dict[Shape, frozenset[int]]:
+def measure(model: nn.Module, max_rows: int = MAX_ROWS) -> dict[Shape, dict[int, int]]:
     """Both forms timed once per distinct weight shape of the model's linear layers."""
-    plan: dict[Shape, frozenset[int]] = {}
+    plan: dict[Shape, dict[int, int]] = {}
     for layer in _linears(model):
         shape = _shape(layer)
         if shape not in plan:
-            plan[shape] = faster_rows(layer.weight, max_rows)
+            plan[shape] = faster_widths(layer.weight, max_rows)
     return plan
 
 
@@ -95,18 +107,19 @@ def apply(model: nn.Module, plan: Plan) -> int:
     """Switch each linear layer whose shape has row counts in ``plan``; how many were."""
     switched = 0
     for layer in _linears(model):
-        rows = plan.get(_shape(layer), frozenset())
-        if rows:
+        widths = plan.get(_shape(layer))
+        if widths:
             # An instance attribute: nn.Module.__call__ looks ``forward`` up on the instance.
-            object.__setattr__(layer, "forward", types.MethodType(_forward_for(rows), layer))
+            object.__setattr__(layer, "forward", types.MethodType(_forward_for(widths), layer))
             switched += 1
     return switched
 
 
-def _forward_for(rows: frozenset[int]) -> Callable[[nn.Linear, torch.Tensor], torch.Tensor]:
+def _forward_for(widths: Widths) -> Callable[[nn.Linear, torch.Tensor], torch.Tensor]:
     def forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // layer.in_features in rows:
-            return transposed_linear(x, layer.weight, layer.bias)
+        width = widths.get(x.numel() // layer.in_features)
+        if width is not None:
+            return transposed_linear(x, layer.weight, layer.bias, width)
         return functional.linear(x, layer.weight, layer.bias)
 
     return forward

@@ -138,8 +138,9 @@ class TorchEngine:
         #: On a CPU, time the two forms of each linear layer's few-row products at load
         #: and use the faster (:mod:`services.generator.linear_forms`).
         self.tune_linears = tune_linears and self.device.type == "cpu"
-        #: Per weight shape, the row counts switched to the transposed form.
-        self.linear_plan: dict[tuple[int, int], frozenset[int]] = {}
+        #: Per weight shape, the row counts switched to the transposed form (and the
+        #: rows it computes for them).
+        self.linear_plan: dict[tuple[int, int], dict[int, int]] = {}
         self._version = version
         self._model: PreTrainedModel | None = None
         self._prefix: RadixCache | None = None
@@ -356,7 +357,7 @@ class TorchEngine:
             device=str(self.device),
             dtype=str(self.dtype),
             prefix_cache_bytes=self._prefix.max_bytes if self._prefix else 0,
-            transposed_linears={f"{o}x{i}": sorted(r) for (o, i), r in self.linear_plan.items()},
+            transposed_linears={f"{o}x{i}": w for (o, i), w in self.linear_plan.items()},
         )
 
     def _new_prefix_cache(self, model: PreTrainedModel) -> RadixCache | None:

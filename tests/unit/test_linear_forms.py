@@ -29,13 +29,18 @@ def small_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32, bias=False), Gated(32, 32))
 
 
-@pytest.mark.parametrize("shape", [(3, 32), (2, 1, 32), (4, 5, 32)])
+@pytest.mark.parametrize("shape", [(3, 32), (2, 1, 32), (4, 5, 32), (1, 1, 32)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_both_forms_compute_the_same_product(shape: tuple[int, ...], bias: bool) -> None:
+@pytest.mark.parametrize("padded", [0, 1, 3])
+def test_both_forms_compute_the_same_product(
+    shape: tuple[int, ...], bias: bool, padded: int
+) -> None:
     torch.manual_seed(1)
     layer = nn.Linear(32, 48, bias=bias)
     x = torch.randn(*shape)
-    out = linear_forms.transposed_linear(x, layer.weight, layer.bias)
+    rows = x.numel() // 32
+    width = rows + padded if padded else 0
+    out = linear_forms.transposed_linear(x, layer.weight, layer.bias, width)
     assert out.shape == (*shape[:-1], 48) and out.is_contiguous()
     torch.testing.assert_close(out, functional.linear(x, layer.weight, layer.bias))
 
@@ -48,23 +53,25 @@ def test_a_switched_layer_takes_the_other_form_for_its_row_counts_only(
     calls: list[int] = []
     real = linear_forms.transposed_linear
 
-    def spy(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        calls.append(x.numel() // x.shape[-1])
-        return real(x, w, b)
+    def spy(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, width: int) -> torch.Tensor:
+        calls.append((x.numel() // x.shape[-1], width))
+        return real(x, w, b, width)
 
     monkeypatch.setattr(linear_forms, "transposed_linear", spy)
-    assert linear_forms.apply(model, {(64, 32): frozenset({2}), (32, 32): frozenset({2})}) == 1
+    plan = {(64, 32): {1: 2, 3: 3}, (32, 32): {1: 1, 2: 2, 3: 3}}
+    assert linear_forms.apply(model, plan) == 1
     with torch.inference_mode():
         expected = {rows: small_model()(torch.ones(rows, 32)) for rows in (1, 2, 3)}
         for rows, out in expected.items():
             torch.testing.assert_close(model(torch.ones(rows, 32)), out)
-    assert calls == [2]  # the first layer, at 2 rows; the subclass was not switched
+    # The first layer at 1 row (padded to 2) and 3 rows; the subclass was not switched.
+    assert calls == [(1, 2), (3, 3)]
     assert set(model.state_dict()) == keys
 
 
 def test_a_switched_layer_computes_with_weights_updated_in_place() -> None:
     model = small_model()
-    linear_forms.apply(model, {(64, 32): frozenset({1, 2, 3})})
+    linear_forms.apply(model, {(64, 32): {1: 2, 2: 2, 3: 3}})
     first = model[0]
     assert isinstance(first, nn.Linear)
     with torch.no_grad():
@@ -75,7 +82,8 @@ def test_a_switched_layer_computes_with_weights_updated_in_place() -> None:
 
 
 def timings(faster: dict[int, float]) -> Callable[..., float]:
-    """A stand-in clock: the plain form takes 1.0, the other ``faster[rows]`` (else 1.0)."""
+    """A stand-in clock: the plain form takes 1.0 at any row count, the transposed one
+    ``faster[rows]`` (else 1.0)."""
 
     def best_s(form: object, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
         if form is functional.linear:
@@ -85,12 +93,20 @@ def timings(faster: dict[int, float]) -> Callable[..., float]:
     return best_s
 
 
-def test_faster_rows_takes_the_other_form_only_past_the_margin(
+def test_the_other_form_is_taken_only_past_the_margin_and_padded_where_faster(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clear, marginal = 1.0 / (linear_forms.MARGIN * 1.5), 1.0 / (linear_forms.MARGIN * 0.9)
-    monkeypatch.setattr(linear_forms, "_best_s", timings({2: clear, 3: marginal, 4: clear}))
-    assert linear_forms.faster_rows(torch.zeros(8, 8), max_rows=6) == {2, 4}
+    faster = {2: clear, 3: marginal, 5: clear, 6: clear / 2}
+    monkeypatch.setattr(linear_forms, "_best_s", timings(faster))
+    # 1 and 4 only by padding one row; 3 is not clear of the margin; 5 is faster padded.
+    assert linear_forms.faster_widths(torch.zeros(8, 8), max_rows=6) == {
+        1: 2,
+        2: 2,
+        4: 5,
+        5: 6,
+        6: 6,
+    }
 
 
 def test_measure_covers_each_distinct_shape_of_plain_linears_once(
@@ -98,14 +114,16 @@ def test_measure_covers_each_distinct_shape_of_plain_linears_once(
 ) -> None:
     seen: list[tuple[int, ...]] = []
 
-    def faster_rows(weight: torch.Tensor, max_rows: int = linear_forms.MAX_ROWS) -> frozenset[int]:
+    def faster_widths(
+        weight: torch.Tensor, max_rows: int = linear_forms.MAX_ROWS
+    ) -> dict[int, int]:
         seen.append(tuple(weight.shape))
-        return frozenset({max_rows})
+        return {max_rows: max_rows}
 
-    monkeypatch.setattr(linear_forms, "faster_rows", faster_rows)
+    monkeypatch.setattr(linear_forms, "faster_widths", faster_widths)
     model = nn.Sequential(small_model(), nn.Linear(32, 64))  # (64, 32) a second time
     plan = linear_forms.measure(model, max_rows=3)
-    assert plan == {(64, 32): {3}, (32, 64): {3}}
+    assert plan == {(64, 32): {3: 3}, (32, 64): {3: 3}}
     assert sorted(seen) == [(32, 64), (64, 32)]
 
 
