@@ -94,13 +94,14 @@ def worth_measuring(model: nn.Module) -> bool:
 
 
 def measure(model: nn.Module, max_rows: int = MAX_ROWS) -> dict[Shape, dict[int, int]]:
-    """Both forms timed once per distinct weight shape of the model's linear layers."""
-    plan: dict[Shape, dict[int, int]] = {}
+    """The plan: both forms timed once per distinct weight shape of the model's linear
+    layers; the shapes where the transposed form won at some row count."""
+    measured: dict[Shape, dict[int, int]] = {}
     for layer in _linears(model):
         shape = _shape(layer)
-        if shape not in plan:
-            plan[shape] = faster_widths(layer.weight, max_rows)
-    return plan
+        if shape not in measured:
+            measured[shape] = faster_widths(layer.weight, max_rows)
+    return {shape: widths for shape, widths in measured.items() if widths}
 
 
 def apply(model: nn.Module, plan: Plan) -> int:

@@ -28,8 +28,9 @@ class GeneratorSettings:
     #: ``bfloat16`` is about 2x faster on CPUs with AVX512-BF16, slower on others.
     dtype: str = ""
     #: On a CPU, time both forms of the linear layers' few-row products (decode steps)
-    #: when the model loads and use the faster per weight shape (about 0.5 s at start-up
-    #: for a 20M-parameter model; results agree to float rounding).
+    #: when the model loads and use the faster per weight shape (about 1.7 s at start-up
+    #: for a 20M-parameter model, none under 16 MB of weights; results agree to float
+    #: rounding).
     tune_linears: bool = True
     #: Memory bound of the torch engine's prefix cache.
     prefix_cache_mb: int = 256

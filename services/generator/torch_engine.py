@@ -347,7 +347,7 @@ class TorchEngine:
         self._eos = _eos_ids(self.model_dir, model)
         self._batchable = full_attention(DynamicCache(config=model.config))
         if self.tune_linears and linear_forms.worth_measuring(model):
-            self.linear_plan = {k: v for k, v in linear_forms.measure(model).items() if v}
+            self.linear_plan = linear_forms.measure(model)
             linear_forms.apply(model, self.linear_plan)
         self._model = model
         self._prefix = self._new_prefix_cache(model)
