@@ -9,8 +9,9 @@ re-tokenized).  Prompts grow from 340 to about 1,250 tokens, so prefill dominate
 Two engines serve the same model, one with the radix prefix cache and one without.  They
 run turn by turn in alternation (turn k on, turn k off, ...), so both share the machine's
 noise.  Within a turn the trajectories' requests are all in flight at once, as a
-generator runs its trajectories: the engine prefills each new prompt (through its prefix
-cache, in submission order) and decodes the trajectories' samples as one batch.
+generator runs its trajectories: the engine prefills the new prompts together (each after
+its cached prefix; see docs/generator.md) and decodes the trajectories' samples as one
+batch.
 
 - reusable prompt tokens of a request: its longest common prefix with any request sent
   before it in the same run (earlier prompts, and earlier prompts + outputs once
@@ -103,7 +104,8 @@ class Lane:
 
 def submitted(lane: Lane, prompt: list[int]) -> None:
     """What an ideal cache could serve of ``prompt``: measured against everything sent
-    before it, in submission order (the engine prefills new requests in that order)."""
+    before it, in submission order: what a cache could hold by then, had the requests
+    been prefilled one after another."""
     lane.reusable_tokens += reusable(prompt, lane.seen)
     lane.seen.append(list(prompt))
     lane.requests += 1

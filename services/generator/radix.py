@@ -131,6 +131,21 @@ class RadixCache:
         values = [n.value for n in path if n.value is not None]
         return Match(length=length, value=torch.cat(values, dim=self.seq_dim), node=node)
 
+    def cached_length(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of ``tokens`` are cached: a look only (no statistics,
+        no recency, no split)."""
+        node, length = self._root, 0
+        while length < len(tokens):
+            child = node.children.get(tokens[length])
+            if child is None:
+                break
+            common = _common_prefix(child.key, tokens, length)
+            length += common
+            if common < len(child.key):
+                break
+            node = child
+        return length
+
     def statistics(self) -> RadixStatistics:
         c = self._counters
         return RadixStatistics(

@@ -228,6 +228,7 @@ def _batching_of(engine: Engine) -> dict[str, float]:
     return {
         "decode_rows_per_step": figures["rows_per_step"],
         "decode_peak_rows": figures["peak_rows"],
+        "prefill_prompts_per_pass": figures["prefill_prompts"] / max(figures["prefill_passes"], 1),
     }
 
 

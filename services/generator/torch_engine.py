@@ -2,10 +2,11 @@
 
 - Token ids in, token ids out: the engine never sees text (no tokenizer is loaded).
 - Requests are **batched**: concurrent requests decode together, one token per row per
-  step, on one worker thread (so the event loop stays free while torch computes).  A new
-  request is prefilled alone (its prompt through the prefix cache), its KV repeated to
-  its ``n`` rows, and the rows join the running batch at the next step, left-padded to
-  the batch's width with per-row positions (:mod:`services.generator.torch_batch`); a
+  step, on one worker thread (so the event loop stays free while torch computes).  The
+  requests admitted at a step are prefilled together, each prompt's new tokens after its
+  own cached prefix, in passes of similar lengths (``Prefill``); a request's KV is
+  repeated to its ``n`` rows, and the rows join the running batch, left-padded to the
+  batch's width with per-row positions (:mod:`services.generator.torch_batch`); a
   finished row leaves at once.  A decode step on these machines is bound by reading the
   weights, so rows decoded together cost about what one costs alone.  Each request
   samples from its own rows with its own generator, so a seed gives the same draws
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import itertools
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -41,9 +43,8 @@ from typing import ParamSpec, TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
-from services.generator import linear_forms
+from services.generator import cpu_attention, linear_forms
 from services.generator.engine import (
     EngineCounters,
     EngineError,
@@ -56,7 +57,7 @@ from services.generator.engine import (
     WeightUpdateError,
 )
 from services.generator.radix import Match, Node, RadixCache, RadixStatistics
-from services.generator.torch_batch import Batch, full_attention
+from services.generator.torch_batch import Batch, Prefill, full_attention, prefill_groups
 from services.generator.torch_weights import (
     apply_state_dict,
     check_state_dict,
@@ -78,6 +79,17 @@ R = TypeVar("R")
 DEFAULT_CACHE_BYTES = 512 * 1024**2
 #: Axis of the token positions in a radix node's ``[layers, 2, kv_heads, tokens, head_dim]``.
 KV_SEQ_DIM = 3
+#: Prompts admitted together are prefilled in one pass (:class:`Prefill`) while it computes
+#: at most this many tokens (the rows times the most new tokens of a row): measured on a
+#: CPU, four prompts of 120 new tokens take 25% less time in one pass than in four, of
+#: 400 about 10% less, while prompts of 1,000 are no faster together (their products
+#: already run at full speed, and a larger pass spills out of the caches) ...
+MAX_PREFILL_TOKENS = 1024
+#: ... and at most this much more than the prompts' new tokens (the rest is padding).
+PREFILL_SLACK = 0.25
+#: A prompt that shares at least this many uncached tokens with another one admitted
+#: with it waits for that one's pass, then takes them from the prefix cache.
+MIN_SHARED_TOKENS = 32
 
 
 @dataclass
@@ -161,6 +173,8 @@ class TorchEngine:
         self.decode_steps = 0
         self.decode_rows = 0
         self.peak_rows = 0
+        self.prefill_passes = 0
+        self.prefill_prompts = 0
 
     # ------------------------------------------------------------------ Engine API
 
@@ -223,12 +237,15 @@ class TorchEngine:
     # ------------------------------------------------------------------ extras
 
     def batch_statistics(self) -> dict[str, float]:
-        """Decode steps so far, the rows they carried, the most rows in one step."""
+        """Decode steps so far, the rows they carried, the most rows in one step; prefill
+        passes and the prompts they ran."""
         steps, rows = self.decode_steps, self.decode_rows
         return {
             "decode_steps": steps,
             "decode_rows": rows,
             "rows_per_step": rows / max(steps, 1),
+            "prefill_passes": self.prefill_passes,
+            "prefill_prompts": self.prefill_prompts,
             "peak_rows": self.peak_rows,
         }
 
@@ -346,6 +363,8 @@ class TorchEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._eos = _eos_ids(self.model_dir, model)
         self._batchable = full_attention(DynamicCache(config=model.config))
+        if self.device.type == "cpu" and model.config._attn_implementation == "sdpa":
+            model.set_attn_implementation(cpu_attention.register())
         if self.tune_linears and linear_forms.worth_measuring(model):
             self.linear_plan = linear_forms.measure(model)
             linear_forms.apply(model, self.linear_plan)
@@ -357,6 +376,7 @@ class TorchEngine:
             device=str(self.device),
             dtype=str(self.dtype),
             prefix_cache_bytes=self._prefix.max_bytes if self._prefix else 0,
+            attention=model.config._attn_implementation,
             transposed_linears={f"{o}x{i}": w for (o, i), w in self.linear_plan.items()},
         )
 
@@ -400,14 +420,41 @@ class TorchEngine:
         self._drop_cancelled()
         if self._batch:
             self._advance()
-        at_once = []
+        at_once: list[_Job] = []
+        ready: list[_Job] = []
         for job in admitted:
             if job.cancel.is_set():
                 continue
-            self._admit(job)
-            if job.result is not None:  # no room for any output: it never joined
-                at_once.append(job)
+            (ready if self._open(job) else at_once).append(job)
+        while ready:
+            wave, ready = self._first_wave(ready)
+            for job in wave:
+                job.lease = _Lease(self._prefix, job.prompt, self._new_cache).acquire()
+            suffixes = [len(job.prompt) - self._lease(job).cached for job in wave]
+            for group in prefill_groups(suffixes, MAX_PREFILL_TOKENS, PREFILL_SLACK):
+                self._prefill([wave[i] for i in group])
         return at_once + self._retire()
+
+    def _first_wave(self, jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:
+        """(the prompts to prefill now, those that wait for them).
+
+        Prompts admitted together often share a prefix that is not cached yet (a system
+        prompt): one of them prefills it, the others wait one pass and take it from the
+        cache.  Sorted, each prompt shares the most with its neighbours.
+        """
+        if self._prefix is None or len(jobs) < 2:
+            return jobs, []
+        cached = [self._prefix.cached_length(job.prompt[:-1]) for job in jobs]
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i].prompt)
+        waiting = {
+            b
+            for a, b in itertools.pairwise(order)
+            if _shared(jobs[a].prompt, jobs[b].prompt) - cached[b] >= MIN_SHARED_TOKENS
+        }
+        return (
+            [job for i, job in enumerate(jobs) if i not in waiting],
+            [job for i, job in enumerate(jobs) if i in waiting],
+        )
 
     def _drop_cancelled(self) -> None:
         batch = self._batch
@@ -419,9 +466,9 @@ class TorchEngine:
                 job.lease.release()
         batch.keep(keep)
 
-    def _admit(self, job: _Job) -> None:
-        """Prefill the prompt (through the prefix cache), sample each row's first token,
-        and join the batch; a request with no room for output finishes at once."""
+    def _open(self, job: _Job) -> bool:
+        """Set a request up; False when it has no room for any output (it finishes at
+        once, never joining the batch)."""
         request, sampling = job.request, job.request.sampling
         job.prompt = list(request.prompt_ids)
         job.rows = [_Row() for _ in range(request.n)]
@@ -430,17 +477,41 @@ class TorchEngine:
             for row in job.rows:
                 row.finish = "length"
             job.result = ([self._sample(row, 0) for row in job.rows], 0)
-            return
+            return False
         job.generator = _generator(self.device, sampling.seed)
         job.stop = self._eos | set(sampling.stop_token_ids)
-        job.lease = _Lease(self._prefix, job.prompt, self._new_cache).acquire()
-        logits = self._prefill(job.prompt, job.lease)
-        cache = job.lease.cache
-        if request.n > 1:  # one prefill, n rows (repeat_interleave copies even for 1)
-            cache.batch_repeat_interleave(request.n)
-            logits = logits.expand(request.n, -1)
-        self._sample_rows(job, range(request.n), logits)
-        self._batch.add(cache, job, request.n)
+        return True
+
+    def _prefill(self, jobs: list[_Job]) -> None:
+        """Run the prompts' new tokens in one pass, store their KV, sample each row's
+        first token, and join the batch (a request's ``n`` rows share its prefill)."""
+        leases = [self._lease(job) for job in jobs]
+        prefill = Prefill.build(
+            [lease.cache for lease in leases],
+            [job.prompt[lease.cached :] for job, lease in zip(jobs, leases, strict=True)],
+            lambda: self._new_cache(None),
+            self.dtype,
+            self.device,
+        )
+        logits = self._logits(**prefill.inputs, **{self._cache_kw: prefill.cache})
+        self.prefill_passes += 1
+        self.prefill_prompts += len(jobs)
+        lengths = prefill.settle() if len(jobs) > 1 else [prefill.cache.get_seq_length()]
+        for row, (job, lease) in enumerate(zip(jobs, leases, strict=True)):
+            lease.store(job.prompt, prefill.row_kv(row), lease.cached, pin=True)
+        order = [row for row, job in enumerate(jobs) for _ in range(job.request.n)]
+        if len(order) > len(jobs):  # one prefill, n rows of a request
+            prefill.cache.batch_select_indices(torch.tensor(order, device=self.device))
+        for row, job in enumerate(jobs):
+            n = job.request.n
+            self._sample_rows(job, range(n), logits[row : row + 1].expand(n, -1))
+        members = [(job, r) for job in jobs for r in range(job.request.n)]
+        self._batch.join(prefill.cache, members, [lengths[row] for row in order])
+
+    @staticmethod
+    def _lease(job: _Job) -> _Lease:
+        assert job.lease is not None, "a request's lease is taken when it is opened"
+        return job.lease
 
     def _advance(self) -> None:
         """Feed every row its last token; sample the next one per request."""
@@ -503,17 +574,6 @@ class TorchEngine:
             for layer, (keys, values) in enumerate(kv):
                 cache.update(keys.unsqueeze(0), values.unsqueeze(0), layer)
         return cache
-
-    def _prefill(self, prompt: list[int], lease: _Lease) -> torch.Tensor:
-        ids = torch.tensor([prompt[lease.cached :]], device=self.device)
-        logits = self._forward(ids, lease.cache)
-        kv = _cache_kv(lease.cache, lease.cached, len(prompt))
-        lease.store(prompt, kv, lease.cached, pin=True)
-        return logits
-
-    def _forward(self, ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        """Logits of the last position, float32, [batch, vocab]; ``cache`` grows in place."""
-        return self._logits(input_ids=ids, **{self._cache_kw: cache})
 
     def _forward_batch(self, batch: Batch[_Job], last: list[int]) -> torch.Tensor:
         return self._logits(**batch.step(last), **{self._cache_kw: batch.cache})
@@ -579,16 +639,12 @@ class _Lease:
         self.node = node
 
 
-def _cache_kv(cache: DynamicCache, start: int, end: int) -> torch.Tensor:
-    """``[layers, 2, kv_heads, end - start, head_dim]`` of a one-row cache's tokens."""
-    # The prefix cache is only enabled when every layer is a plain DynamicLayer.
-    kv = []
-    for layer in cache.layers:
-        assert isinstance(layer, DynamicLayer)
-        keys, values = layer.keys, layer.values
-        assert keys is not None and values is not None
-        kv.append(torch.stack((keys[0, :, start:end], values[0, :, start:end])))
-    return torch.stack(kv)
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    # Not strict: the prompts' lengths differ; the shorter one bounds the prefix.
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _resolve(job: _Job) -> None:

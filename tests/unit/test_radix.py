@@ -59,6 +59,21 @@ def test_insert_then_longest_prefix() -> None:
     assert cache.nbytes == 4 * BYTES_PER_TOKEN
 
 
+def test_cached_length_looks_without_touching() -> None:
+    cache = RadixCache(1 << 20)
+    cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))
+    cache.insert([1, 2, 7], kv([1, 2, 7]))
+    before = cache.statistics()
+    # Inside an edge (no split), at a branch, past the end, and a miss.
+    assert [cache.cached_length(t) for t in ([1, 2, 3], [1, 2], [1, 2, 3, 4, 5], [9])] == [
+        3,
+        2,
+        4,
+        0,
+    ]
+    assert cache.statistics() == before  # no hits or misses counted, no node split
+
+
 def test_partial_match_splits_the_edge() -> None:
     cache = RadixCache(1 << 20)
     cache.insert([1, 2, 3, 4], kv([1, 2, 3, 4]))

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from services.generator import linear_forms
+from services.generator import cpu_attention, linear_forms
 from services.generator.engine import (
     Engine,
     EngineError,
@@ -109,6 +109,10 @@ async def generate(
 
 
 # ---------------------------------------------------------------------- logprobs
+
+
+async def test_attends_over_the_kv_heads_on_a_cpu(engine: TorchEngine) -> None:
+    assert engine._loaded().config._attn_implementation == cpu_attention.ATTENTION
 
 
 async def test_is_an_engine(engine: TorchEngine) -> None:
@@ -464,6 +468,48 @@ async def test_outputs_of_a_padded_batch_are_cached_for_the_next_turn(
         # All but the last output token (never fed) and the tool's three.
         assert again.cached_tokens == len(turn) - 4
         assert_fresh(reference["a"], turn, [again])
+
+
+async def test_prompts_admitted_together_share_a_prefill_on_their_own_prefixes(
+    engine: TorchEngine, reference: dict[str, torch.nn.Module]
+) -> None:
+    """Cached prefixes of different lengths and new tokens of different counts: the rows
+    are padded inside one pass, then decode on from the settled KV."""
+    first = [await generate(engine, p, GREEDY) for p in (PROMPT[:30], PROMPT[:12])]
+    tools = ([7, 8, 9, 10, 11, 12], [7, 8, 9, 10])
+    turns = [
+        [*p, *s.output_ids, *t]
+        for p, [s], t in zip((PROMPT[:30], PROMPT[:12]), first, tools, strict=True)
+    ]
+    passes = engine.batch_statistics()["prefill_passes"]
+    stop = tuple(range(100, 300))  # rows leave the batch at different steps
+    samplings = [Sampling(max_new_tokens=12, seed=s, stop_token_ids=stop) for s in (5, 6)]
+    second = await asyncio.gather(
+        *(generate(engine, t, s, n=2) for t, s in zip(turns, samplings, strict=True))
+    )
+    assert engine.batch_statistics()["prefill_passes"] == passes + 1
+    for turn, tool, samples in zip(turns, tools, second, strict=True):
+        # All but the last output token (never fed) and the tool's tokens.
+        assert all(s.cached_tokens == len(turn) - len(tool) - 1 for s in samples)
+        assert_fresh(reference["a"], turn, samples)
+    # The settled KV was stored: the next turns hit all of it.
+    again = await asyncio.gather(*(generate(engine, [*t, 5], GREEDY) for t in turns))
+    assert [s.cached_tokens for [s] in again] == [len(t) for t in turns]
+
+
+async def test_a_shared_uncached_prefix_is_prefilled_once(
+    engine: TorchEngine, reference: dict[str, torch.nn.Module]
+) -> None:
+    """Three tasks behind one system prompt, admitted together: one pass prefills it, the
+    two others take it from the cache in the next."""
+    system = [(13 * i + 7) % 1000 + 10 for i in range(40)]
+    prompts = [[*system, 900 + t, 901 + t, 902 + t] for t in range(3)]
+    passes = engine.batch_statistics()["prefill_passes"]
+    results = await asyncio.gather(*(generate(engine, p) for p in prompts))
+    assert engine.batch_statistics()["prefill_passes"] == passes + 2
+    assert sorted(s.cached_tokens for [s] in results) == [0, len(system), len(system)]
+    for prompt, samples in zip(prompts, results, strict=True):
+        assert_fresh(reference["a"], prompt, samples)
 
 
 async def test_cancelling_one_request_leaves_the_others_in_the_batch(
