@@ -222,10 +222,12 @@ class Prefill:
         prefixes: Sequence[DynamicCache],
         suffixes: Sequence[Sequence[int]],
         new_cache: Callable[[], DynamicCache],
-        dtype: torch.dtype,
+        mask_dtype: torch.dtype,
         device: torch.device,
     ) -> Prefill:
-        """``prefixes``: each prompt's cached KV (one row, no padding, possibly empty)."""
+        """``prefixes``: each prompt's cached KV (one row, no padding, possibly empty).
+        ``mask_dtype``: ``torch.bool`` (True: attend) for SDPA, a float dtype for an
+        additive mask (attention implementations that add the mask to the scores)."""
         cached = [prefix.get_seq_length() for prefix in prefixes]
         new = [len(suffix) for suffix in suffixes]
         past, span = max(cached), max(new)
@@ -234,7 +236,7 @@ class Prefill:
         inputs: dict[str, torch.Tensor | None] = {"input_ids": ids}
         if len(set(cached)) > 1 or len(set(new)) > 1:
             inputs["position_ids"] = _prefill_positions(cached, new, span, device)
-            inputs["attention_mask"] = _prefill_mask(cached, new, past, span, dtype, device)
+            inputs["attention_mask"] = _prefill_mask(cached, new, past, span, mask_dtype, device)
         return cls(cache, inputs, cached, new)
 
     def settle(self) -> list[int]:
@@ -339,8 +341,9 @@ def _prefill_mask(
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
-    """Additive ``[rows, 1, span, past + span]`` mask: a real token sees its row's prefix
-    and its row's real tokens up to itself; a padding token also sees itself."""
+    """``[rows, 1, span, past + span]`` mask: a real token sees its row's prefix and its
+    row's real tokens up to itself; a padding token also sees itself.  Boolean (True:
+    seen), or additive in a float ``dtype`` (0: seen)."""
     columns = torch.arange(past + span, device=device)
     queries = past + torch.arange(span, device=device)
     cached_t = torch.tensor(cached, device=device).view(-1, 1)
@@ -348,6 +351,8 @@ def _prefill_mask(
     real = ((columns >= past - cached_t) & (columns < past)) | (columns >= past + span - new_t)
     causal = columns.view(1, -1) <= queries.view(-1, 1)
     allowed = (real.unsqueeze(1) & causal) | (columns.view(1, -1) == queries.view(-1, 1))
+    if dtype == torch.bool:
+        return allowed.unsqueeze(1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 

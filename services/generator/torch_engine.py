@@ -170,6 +170,7 @@ class TorchEngine:
         self._quiet.set()
         self._batch: Batch[_Job] = Batch(self.device)
         self._batchable = True
+        self._mask_dtype = torch.bool
         self.decode_steps = 0
         self.decode_rows = 0
         self.peak_rows = 0
@@ -365,6 +366,9 @@ class TorchEngine:
         self._batchable = full_attention(DynamicCache(config=model.config))
         if self.device.type == "cpu" and model.config._attn_implementation == "sdpa":
             model.set_attn_implementation(cpu_attention.register())
+        # SDPA takes a boolean mask (a quarter of a float32 one); eager attention adds it.
+        eager = model.config._attn_implementation == "eager"
+        self._mask_dtype = self.dtype if eager else torch.bool
         if self.tune_linears and linear_forms.worth_measuring(model):
             self.linear_plan = linear_forms.measure(model)
             linear_forms.apply(model, self.linear_plan)
@@ -490,7 +494,7 @@ class TorchEngine:
             [lease.cache for lease in leases],
             [job.prompt[lease.cached :] for job, lease in zip(jobs, leases, strict=True)],
             lambda: self._new_cache(None),
-            self.dtype,
+            self._mask_dtype,
             self.device,
         )
         logits = self._logits(**prefill.inputs, **{self._cache_kw: prefill.cache})

@@ -48,24 +48,25 @@ def test_no_prompts_no_groups() -> None:
 
 def test_one_prompt_runs_as_it_is() -> None:
     cache = one_row_cache(5, seed=0)
-    prefill = Prefill.build([cache], [[7, 8, 9]], DynamicCache, torch.float32, torch.device("cpu"))
+    prefill = Prefill.build([cache], [[7, 8, 9]], DynamicCache, torch.bool, torch.device("cpu"))
     assert prefill.cache is cache
     assert prefill.inputs["input_ids"].tolist() == [[7, 8, 9]]
     assert set(prefill.inputs) == {"input_ids"}  # no padding: the model's own causal path
 
 
-def test_rows_are_laid_out_prefix_gap_new_and_masked() -> None:
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_rows_are_laid_out_prefix_gap_new_and_masked(mask_dtype: torch.dtype) -> None:
     prefixes = [one_row_cache(3, seed=1), one_row_cache(1, seed=2), DynamicCache()]
     suffixes = [[11, 12], [21, 22, 23, 24], [31]]
-    prefill = Prefill.build(prefixes, suffixes, DynamicCache, torch.float32, torch.device("cpu"))
+    prefill = Prefill.build(prefixes, suffixes, DynamicCache, mask_dtype, torch.device("cpu"))
     # past = 3 columns, span = 4 new: padding ids on the left of the short suffixes.
     assert prefill.inputs["input_ids"].tolist() == [[0, 0, 11, 12], [21, 22, 23, 24], [0, 0, 0, 31]]
     positions = prefill.inputs["position_ids"]
     assert positions is not None
     assert positions.tolist() == [[3, 3, 3, 4], [1, 2, 3, 4], [0, 0, 0, 0]]
     mask = prefill.inputs["attention_mask"]
-    assert mask is not None and mask.shape == (3, 1, 4, 7)
-    seen = (mask[:, 0] == 0).int().tolist()
+    assert mask is not None and mask.shape == (3, 1, 4, 7) and mask.dtype == mask_dtype
+    seen = (mask[:, 0] if mask_dtype == torch.bool else mask[:, 0] == 0).int().tolist()
     # Row 0: prefix in columns 0-2, gap 3-4, new tokens 5-6.
     assert seen[0] == [
         [1, 1, 1, 1, 0, 0, 0],  # padding: itself, and the prefix
@@ -88,7 +89,7 @@ def test_rows_are_laid_out_prefix_gap_new_and_masked() -> None:
 def test_settle_closes_the_gaps_for_the_batch() -> None:
     prefixes = [one_row_cache(3, seed=1), one_row_cache(1, seed=2)]
     prefill = Prefill.build(
-        prefixes, [[11, 12], [21, 22, 23, 24]], DynamicCache, torch.float32, torch.device("cpu")
+        prefixes, [[11, 12], [21, 22, 23, 24]], DynamicCache, torch.bool, torch.device("cpu")
     )
     # What the forward pass appends: four new columns per row, rows told apart by value.
     new = torch.arange(1.0, 5.0).view(1, 1, 4, 1).expand(2, HEADS, 4, DIM) * torch.tensor(
@@ -120,7 +121,7 @@ def test_settle_closes_the_gaps_for_the_batch() -> None:
 def test_padding_is_only_passed_where_needed(new: list[int]) -> None:
     prefixes = [one_row_cache(4, seed=1), one_row_cache(4, seed=2)]
     suffixes = [list(range(10, 10 + n)) for n in new]
-    prefill = Prefill.build(prefixes, suffixes, DynamicCache, torch.float32, torch.device("cpu"))
+    prefill = Prefill.build(prefixes, suffixes, DynamicCache, torch.bool, torch.device("cpu"))
     padded = new[0] != new[1]
     assert ("attention_mask" in prefill.inputs) is padded
 
