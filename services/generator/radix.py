@@ -134,17 +134,7 @@ class RadixCache:
     def cached_length(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of ``tokens`` are cached: a look only (no statistics,
         no recency, no split)."""
-        node, length = self._root, 0
-        while length < len(tokens):
-            child = node.children.get(tokens[length])
-            if child is None:
-                break
-            common = _common_prefix(child.key, tokens, length)
-            length += common
-            if common < len(child.key):
-                break
-            node = child
-        return length
+        return self._walk(tokens, split=False)[1]
 
     def statistics(self) -> RadixStatistics:
         c = self._counters
@@ -231,7 +221,11 @@ class RadixCache:
     # ------------------------------------------------------------------ internals
 
     def _walk(self, tokens: Sequence[int], *, split: bool) -> tuple[Node, int, list[Node]]:
-        """Descend along ``tokens``: (deepest node, matched length, nodes passed)."""
+        """Descend along ``tokens``: (deepest node, matched length, nodes passed).
+
+        A match that ends inside an edge splits it, or without ``split`` counts its
+        tokens and stops above it (the deepest node then covers fewer than ``length``).
+        """
         node = self._root
         length = 0
         path: list[Node] = []
@@ -239,9 +233,10 @@ class RadixCache:
             child = node.children.get(tokens[length])
             if child is None:
                 break
-            common = _common_prefix(child.key, tokens, length)
+            common = common_prefix(child.key, tokens, length)
             if common < len(child.key):
                 if not split:
+                    length += common
                     break
                 child = self._split(child, common)
             node = child
@@ -326,7 +321,7 @@ class RadixCache:
             c.misses += 1
 
 
-def _common_prefix(key: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
+def common_prefix(key: Sequence[int], tokens: Sequence[int], start: int = 0) -> int:
     """Length of the common prefix of ``key`` and ``tokens[start:]``."""
     limit = min(len(key), len(tokens) - start)
     i = 0

@@ -53,10 +53,6 @@ class Batch(Generic[Owner]):
     def members(self) -> Iterator[tuple[Owner, int]]:
         return zip(self.owners, self.rows, strict=True)
 
-    def add(self, cache: DynamicCache, owner: Owner, rows: int) -> None:
-        """Join ``rows`` rows whose KV (no padding, all one length) is ``cache``."""
-        self.join(cache, [(owner, r) for r in range(rows)], [cache.get_seq_length()] * rows)
-
     def join(
         self, cache: DynamicCache, members: Sequence[tuple[Owner, int]], lengths: Sequence[int]
     ) -> None:
@@ -122,13 +118,7 @@ class Batch(Generic[Owner]):
         """``[layers, 2, kv_heads, end - start, head_dim]``: KV of a row's tokens start..end."""
         assert self.cache is not None
         skip = self.width - self.lengths[row]  # the row's left padding
-        columns = slice(skip + start, skip + end)
-        return torch.stack(
-            [
-                torch.stack((_keys(layer)[row, :, columns], _values(layer)[row, :, columns]))
-                for layer in self.cache.layers
-            ]
-        )
+        return _row_kv(self.cache, row, slice(skip + start, skip + end))
 
     def spans(self) -> Iterator[tuple[Owner, slice]]:
         """Each owner's run of consecutive rows."""
@@ -243,27 +233,24 @@ class Prefill:
         """Close each row's gap (its prefix moved up against its new tokens) and zero its
         padding; the rows' real lengths.  Call once, after the forward pass."""
         width = self.cache.get_seq_length()
+        if len(self.new) == 1:  # nothing to close (and a sliding layer may be narrower)
+            return [width]
         past = width - max(self.new)
         for row, (cached, new) in enumerate(zip(self.cached, self.new, strict=True)):
             start = width - new - cached
+            moved = start != past - cached and cached > 0
             for layer in _layers(self.cache):
                 for kv in (_keys(layer), _values(layer)):
-                    if start != past - cached and cached:
-                        moved = kv[row, :, past - cached : past].clone()
-                        kv[row, :, start : start + cached] = moved
+                    if moved:
+                        prefix = kv[row, :, past - cached : past].clone()
+                        kv[row, :, start : start + cached] = prefix
                     kv[row, :, :start] = 0
         return [cached + new for cached, new in zip(self.cached, self.new, strict=True)]
 
     def row_kv(self, row: int) -> torch.Tensor:
         """``[layers, 2, kv_heads, new, head_dim]``: KV of row ``row``'s new tokens."""
         end = self.cache.get_seq_length()
-        columns = slice(end - self.new[row], end)
-        return torch.stack(
-            [
-                torch.stack((_keys(layer)[row, :, columns], _values(layer)[row, :, columns]))
-                for layer in self.cache.layers
-            ]
-        )
+        return _row_kv(self.cache, row, slice(end - self.new[row], end))
 
 
 def prefill_groups(new: Sequence[int], max_tokens: int, slack: float) -> list[list[int]]:
@@ -286,6 +273,16 @@ def prefill_groups(new: Sequence[int], max_tokens: int, slack: float) -> list[li
             groups.append([index])
             real = new[index]
     return groups
+
+
+def _row_kv(cache: DynamicCache, row: int, columns: slice) -> torch.Tensor:
+    """``[layers, 2, kv_heads, columns, head_dim]``: one row's KV over ``columns``."""
+    return torch.stack(
+        [
+            torch.stack((_keys(layer)[row, :, columns], _values(layer)[row, :, columns]))
+            for layer in cache.layers
+        ]
+    )
 
 
 def _stack_prefixes(

@@ -56,7 +56,7 @@ from services.generator.engine import (
     Sampling,
     WeightUpdateError,
 )
-from services.generator.radix import Match, Node, RadixCache, RadixStatistics
+from services.generator.radix import Match, Node, RadixCache, RadixStatistics, common_prefix
 from services.generator.torch_batch import Batch, Prefill, full_attention, prefill_groups
 from services.generator.torch_weights import (
     apply_state_dict,
@@ -453,7 +453,7 @@ class TorchEngine:
         waiting = {
             b
             for a, b in itertools.pairwise(order)
-            if _shared(jobs[a].prompt, jobs[b].prompt) - cached[b] >= MIN_SHARED_TOKENS
+            if common_prefix(jobs[a].prompt, jobs[b].prompt) - cached[b] >= MIN_SHARED_TOKENS
         }
         return (
             [job for i, job in enumerate(jobs) if i not in waiting],
@@ -500,7 +500,7 @@ class TorchEngine:
         logits = self._logits(**prefill.inputs, **{self._cache_kw: prefill.cache})
         self.prefill_passes += 1
         self.prefill_prompts += len(jobs)
-        lengths = prefill.settle() if len(jobs) > 1 else [prefill.cache.get_seq_length()]
+        lengths = prefill.settle()
         for row, (job, lease) in enumerate(zip(jobs, leases, strict=True)):
             lease.store(job.prompt, prefill.row_kv(row), lease.cached, pin=True)
         order = [row for row, job in enumerate(jobs) for _ in range(job.request.n)]
@@ -641,14 +641,6 @@ class _Lease:
         if self.node is not None:
             self.prefix.unlock(self.node)
         self.node = node
-
-
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of ``a`` and ``b``."""
-    # Not strict: the prompts' lengths differ; the shorter one bounds the prefix.
-    return next(
-        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-    )
 
 
 def _resolve(job: _Job) -> None:
