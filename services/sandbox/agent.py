@@ -12,7 +12,7 @@ kernel drops those when sent to a PID namespace's init from inside).
     python3 agent.py --socket PATH --workdir DIR [--container] [--languages JSON]
                      [--nofile N] [--fsize-bytes N] [--memory-bytes N | --memory-mb N]
                      [--nproc N]
-                     [--socket-mode OCTAL]
+                     [--socket-mode OCTAL] [--run-nice 0-19]
 
 It serves until SIGTERM (or SIGINT), then kills what it started and removes its socket.
 
@@ -66,6 +66,10 @@ sends a request.
       for the OOM killer); infra_error (the agent could not run it: fork failed,
       interpreter missing, workdir unwritable...; ``error`` says why).
       ``exit_code``/``signal`` always report the main process's wait status.
+      With ``"reset_after": true`` the agent resets as soon as the reply is sent, and
+      sends the reset's answer as the next frame (as if ``{"op": "reset"}`` had
+      followed): a one-off exec's sandbox is clean without another round trip.  That
+      answer follows any reply to the exec, an error too.
 
     {"op": "archive"} -> {"ok": true, "data_b64": str, "size": N}
       The workdir as a gzip tar (regular files and directories only; links, devices
@@ -103,7 +107,9 @@ Each exec is a child in its own session and process group, cwd = workdir, with a
 environment (PATH, HOME=workdir, TMPDIR=workdir, LANG=C.UTF-8, then the request's env),
 stdin fed from the request, RLIMIT_CORE 0, RLIMIT_NOFILE and RLIMIT_FSIZE always,
 RLIMIT_AS and RLIMIT_NPROC when configured, no file descriptor but 0, 1, 2, and
-PR_SET_PDEATHSIG=SIGKILL (an agent that dies takes its running child with it).
+PR_SET_PDEATHSIG=SIGKILL (an agent that dies takes its running child with it), at nice
+value --run-nice (19 with --container, where the agent then preempts it at once; 0
+without).
 No run is a fork of the agent, whose heap still holds earlier requests: each is a
 "spare" forked ahead of time from the agent's zygote, a process forked before the
 agent read any request (see "the zygote" below), and handed its plan and pipes over a
@@ -136,6 +142,7 @@ grace also kills every other process but PID 1, the agent, its zygote and spares
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C core (no stub): _reset_signals
 import argparse
 import atexit
 import base64
@@ -146,6 +153,7 @@ import functools
 import gc
 import io
 import json
+import marshal
 import os
 import resource
 import selectors
@@ -249,6 +257,8 @@ class Options:
     languages: dict[str, Language]
     limits: Limits
     socket_mode: int
+    #: Nice value of the zygote, and so of spares and runs (see "the zygote").
+    run_nice: int
 
 
 def parse_language(name: str, entry: Any) -> Language:
@@ -289,6 +299,13 @@ def parse_options(argv: list[str] | None = None) -> Options:
     memory.add_argument("--memory-mb", type=int, help="the same in MiB")
     p.add_argument("--nproc", type=int, help="RLIMIT_NPROC (refused with --container)")
     p.add_argument("--socket-mode", type=lambda s: int(s, 8), help="octal, e.g. 600")
+    p.add_argument(
+        "--run-nice",
+        type=int,
+        choices=range(20),
+        metavar="0-19",
+        help="nice value of runs: 19 with --container (the default), 0 without",
+    )
     a = p.parse_args(argv)
     if a.container and a.nproc is not None:
         p.error("--nproc is per uid across the whole host: not with --container")
@@ -303,7 +320,9 @@ def parse_options(argv: list[str] | None = None) -> Options:
     mode = a.socket_mode if a.socket_mode is not None else (0o666 if a.container else 0o600)
     memory_bytes = a.memory_mb * 1024 * 1024 if a.memory_mb is not None else a.memory_bytes
     limits = Limits(a.nofile, a.fsize_bytes, memory_bytes, a.nproc)
-    return Options(os.path.abspath(a.socket), workdir, a.container, languages, limits, mode)
+    run_nice = a.run_nice if a.run_nice is not None else (19 if a.container else 0)
+    socket_path = os.path.abspath(a.socket)
+    return Options(socket_path, workdir, a.container, languages, limits, mode, run_nice)
 
 
 # --------------------------------------------------------------------------- requests
@@ -808,8 +827,10 @@ def install_seccomp_filter() -> str | None:
 class ChildPlan:
     """What a run's process does with its descriptors: where, under what limits, what.
 
-    It travels from the agent to a spare (see the zygote below) as JSON, next to the
-    run's pipes: stdin, stdout, stderr and the status pipe, in that order.
+    It travels from the agent to a spare (see the zygote below) as a marshal-ed tuple,
+    next to the run's pipes: stdin, stdout, stderr and the status pipe, in that order.
+    Marshal, not JSON: it is C code, and in a fork every page of the zygote that Python
+    code touches (a reference count written) is copied, a few microseconds each.
     """
 
     workdir: str
@@ -820,17 +841,13 @@ class ChildPlan:
     agent_pid: int
 
     def encode(self) -> bytes:
-        fields = {name: getattr(self, name) for name in self.__slots__}
-        fields["limits"] = {name: getattr(self.limits, name) for name in Limits.__slots__}
-        return json.dumps(fields, separators=(",", ":")).encode()
+        limits = tuple(getattr(self.limits, name) for name in Limits.__slots__)
+        return marshal.dumps((self.workdir, self.env, limits, self.code, self.argv, self.agent_pid))
 
     @classmethod
     def decode(cls, body: bytes) -> ChildPlan:
-        fields = json.loads(body)
-        fields["limits"] = Limits(**fields["limits"])
-        if fields["argv"] is not None:
-            fields["argv"] = tuple(fields["argv"])
-        return cls(**fields)
+        workdir, env, limits, code, argv, agent_pid = marshal.loads(body)
+        return cls(workdir, env, Limits(*limits), code, argv, agent_pid)
 
 
 def _set_limit(which: int, value: int) -> None:
@@ -865,12 +882,15 @@ def _wire_fds(fds: list[int], inherited: tuple[Any, ...]) -> None:
 
 
 def _reset_signals(python: bool) -> None:
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler if python else signal.SIG_DFL)
+    # Through _signal: signal.signal makes an enum of every old handler, Python code whose
+    # pages a forked run would copy (a third of a trivial run's copies).
+    default = _signal.SIG_DFL
+    for sig in (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGCHLD):
+        _signal.signal(sig, default)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler if python else default)
     if not python:  # python ignores these itself; a real binary must start with defaults
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        _signal.signal(_signal.SIGPIPE, default)
+        _signal.signal(_signal.SIGXFSZ, default)
 
 
 @functools.cache
@@ -904,14 +924,31 @@ def _die_with_agent(plan: ChildPlan) -> None:
         os._exit(SETUP_FAILED)
 
 
-def _enter(plan: ChildPlan) -> None:
+def _enter(plan: ChildPlan, kit: RunKit) -> None:
     _die_with_agent(plan)
     # Spares are not dumpable (see the zygote); a run is, as usual: it holds only its own plan.
     prctl(PR_SET_DUMPABLE, 1)
     os.chdir(plan.workdir)
-    os.environ.clear()
-    os.environ.update(plan.env)
+    if plan.env != kit.environ:  # usually equal: a dict compare is C, os.environ is not
+        _set_environ(plan.env)
     apply_limits(plan.limits)
+
+
+def run_environment(workdir: str) -> dict[str, str]:
+    """A run's environment before the request's own variables: also the agent's (and so
+    the zygote's), so that a run asking for nothing more has nothing to change."""
+    return {"PATH": DEFAULT_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+
+
+def _set_environ(env: dict[str, str]) -> None:
+    """os.environ (and the C environment under it) becomes ``env``, changing only what
+    differs."""
+    environ = os.environ
+    for key in [key for key in environ if key not in env]:
+        del environ[key]
+    for key, value in env.items():
+        if environ.get(key) != value:
+            environ[key] = value
 
 
 def _text_stream(fd: int, write: bool, errors: str) -> io.TextIOWrapper:
@@ -923,16 +960,58 @@ def _text_stream(fd: int, write: bool, errors: str) -> io.TextIOWrapper:
     )
 
 
-def _rebuild_stdio() -> None:
-    """New sys.std* on fds 0/1/2 (the agent's own objects would write to its old buffers)."""
-    streams = {
-        "stdin": _text_stream(0, False, "surrogateescape"),
-        "stdout": _text_stream(1, True, "surrogateescape"),
-        "stderr": _text_stream(2, True, "backslashreplace"),
-    }
-    for name, stream in streams.items():
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
+def _stdio_for_runs() -> dict[str, io.TextIOWrapper]:
+    """sys.std* for Python runs, made on fds 0/1/2 while a pipe stands in for them: the
+    streams a fresh python3 makes on a run's pipes (unseekable, no tty)."""
+    read_end, write_end = os.pipe()
+    saved: dict[int, int | None] = {}
+    try:
+        for fd, end in ((0, read_end), (1, write_end), (2, write_end)):
+            try:
+                saved[fd] = os.dup(fd)
+            except OSError:  # closed
+                saved[fd] = None
+            os.dup2(end, fd)
+        return {
+            "stdin": _text_stream(0, False, "surrogateescape"),
+            "stdout": _text_stream(1, True, "surrogateescape"),
+            "stderr": _text_stream(2, True, "backslashreplace"),
+        }
+    finally:
+        for fd, copy in saved.items():
+            if copy is None:
+                os.close(fd)
+            else:
+                os.dup2(copy, fd)
+                os.close(copy)
+        os.close(read_end)
+        os.close(write_end)
+
+
+@dataclass(frozen=True, slots=True)
+class RunKit:
+    """What the zygote makes once for every run: a run (a fork) copies each page of the
+    zygote that its Python code touches, a few microseconds each, so the less a run
+    builds itself the sooner it is done.
+    """
+
+    #: The zygote's environment: a run whose plan asks for the same changes nothing.
+    environ: dict[str, str]
+    #: sys.std* for Python runs; fresh in each run, as the zygote never uses them.
+    stdio: dict[str, io.TextIOWrapper]
+    #: The zygote's own sys.std*: still referenced once a run replaced them, so that the
+    #: run does not finalize them.
+    replaced: tuple[Any, ...]
+
+    @classmethod
+    def make(cls) -> RunKit:
+        own = (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)
+        return cls(dict(os.environ), _stdio_for_runs(), own)
+
+    def use_stdio(self) -> None:
+        for name, stream in self.stdio.items():
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -962,9 +1041,9 @@ def _finish_interpreter() -> None:
             pass
 
 
-def run_python(code: str) -> int:
+def run_python(code: str, kit: RunKit) -> int:
     """Run code as ``python3 -c`` would in this (forked) interpreter; the exit status."""
-    _rebuild_stdio()
+    kit.use_stdio()
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
@@ -984,7 +1063,7 @@ def run_python(code: str) -> int:
     return status
 
 
-def run_child(body: bytes, fds: list[int], inherited: tuple[Any, ...]) -> NoReturn:
+def run_child(body: bytes, fds: list[int], inherited: tuple[Any, ...], kit: RunKit) -> NoReturn:
     """A spare becoming a run: set up, then run Python in place or exec the binary."""
     status_fd = fds[3]
     try:
@@ -994,12 +1073,12 @@ def run_child(body: bytes, fds: list[int], inherited: tuple[Any, ...]) -> NoRetu
         os.setsid()
         _wire_fds(fds, inherited)
         status_fd = 3
-        _enter(plan)
+        _enter(plan, kit)
     except BaseException as exc:
         _report_setup_failure(status_fd, exc)
     if plan.code is not None:
         os.close(3)
-        os._exit(run_python(plan.code))
+        os._exit(run_python(plan.code, kit))
     assert plan.argv is not None
     try:
         os.execvpe(plan.argv[0], list(plan.argv), plan.env)
@@ -1033,6 +1112,14 @@ def _report_setup_failure(status_fd: int, exc: BaseException) -> NoReturn:
 # fork: up to SPARES after a reset (or any request but a run), and after a run only
 # if none is left, so that a reset right behind a run finds no fork under way.
 #
+# The zygote lowers its priority to --run-nice (19 in a container), and spares and runs
+# inherit it: within the container, whose CPU share against other containers is its
+# cgroup's and unchanged by nice values, the agent then runs the moment it wakes, ahead
+# of the code it serves and of the next spare's fork.  At equal priority a request
+# waited about a millisecond on a busy machine for those to yield.  Without a container
+# runs keep the agent's priority: there a nice value would rank them below every
+# process of the host.
+#
 # Zygote and spares run as the code's uid.  They are not dumpable, so code can neither
 # ptrace them nor write into them through /proc/<pid>/mem (and plant code in later
 # runs); a spare turns dumpable once it holds its own run only.  What code can still
@@ -1053,20 +1140,22 @@ TAKE_TRIES = SPARES + 2
 AGENT_FILE = os.path.abspath(__file__)
 
 
-def zygote_main(ctl: socket.socket, agent_pid: int) -> NoReturn:
+def zygote_main(ctl: socket.socket, agent_pid: int, nice: int) -> NoReturn:
     """Fork a spare for each byte the agent sends on ctl; exit when it hangs up."""
     prctl(PR_SET_DUMPABLE, 0)  # first thing: inherited when forked, not when exec-ed
+    os.setpriority(os.PRIO_PROCESS, 0, helper_nice(os.getpriority(os.PRIO_PROCESS, 0), nice))
     if prctl(PR_SET_PDEATHSIG, signal.SIGKILL) and os.getppid() != agent_pid:
         os._exit(0)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)  # no Python handler that a stray's signal could run
     fork_sibling: Callable[[], int] = SiblingFork.probe() or MiddleFork()
+    kit = RunKit.make()
     gc.freeze()  # spares then never copy the zygote's objects in a GC pass
     while True:
         try:
             if not ctl.recv(1):
                 break
-            pid, chan = _fork_spare(fork_sibling, ctl)
+            pid, chan = _fork_spare(fork_sibling, ctl, kit)
             if chan is None:
                 ctl.sendall(SPARE_PID.pack(0))  # none this time (fork failed: the pids limit)
                 continue
@@ -1078,7 +1167,7 @@ def zygote_main(ctl: socket.socket, agent_pid: int) -> NoReturn:
 
 
 def _fork_spare(
-    fork_sibling: Callable[[], int], ctl: socket.socket
+    fork_sibling: Callable[[], int], ctl: socket.socket, kit: RunKit
 ) -> tuple[int, socket.socket | None]:
     """Fork a spare that is the agent's child: its pid and the agent's end of its socket pair."""
     ours, theirs = socket.socketpair()
@@ -1091,7 +1180,7 @@ def _fork_spare(
     if spare == 0:
         ctl.close()
         ours.close()
-        spare_main(theirs)
+        spare_main(theirs, kit)
     theirs.close()
     return spare, ours
 
@@ -1233,7 +1322,7 @@ def _tid_offset(self_address: int) -> int | None:
     return both.pop() if len(both) == 1 else None
 
 
-def spare_main(chan: socket.socket) -> NoReturn:
+def spare_main(chan: socket.socket, kit: RunKit) -> NoReturn:
     """Wait for one run (its plan and pipes), then become it; exit if the agent hangs up."""
     try:
         received = _receive_run(chan)
@@ -1241,7 +1330,7 @@ def spare_main(chan: socket.socket) -> NoReturn:
         received = None
     if received is None:
         os._exit(0)
-    run_child(*received, inherited=(chan,))
+    run_child(*received, inherited=(chan,), kit=kit)
 
 
 def _receive_run(chan: socket.socket) -> tuple[bytes, list[int]] | None:
@@ -1261,14 +1350,14 @@ def _receive_run(chan: socket.socket) -> tuple[bytes, list[int]] | None:
     return bytes(buf[HEADER.size : HEADER.size + length]), fds
 
 
-def _exec_zygote(ctl: socket.socket, agent_pid: int) -> NoReturn:
+def _exec_zygote(ctl: socket.socket, agent_pid: int, nice: int) -> NoReturn:
     """In a fork of the agent: replace its image (earlier requests in its heap) by a zygote."""
     try:
         os.dup2(ctl.fileno(), ZYGOTE_FD)
         os.set_inheritable(ZYGOTE_FD, True)
         os.closerange(ZYGOTE_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
         flags = ["-B"] if sys.dont_write_bytecode else []
-        argv = [sys.executable, *flags, AGENT_FILE, ZYGOTE_FLAG, str(agent_pid)]
+        argv = [sys.executable, *flags, AGENT_FILE, ZYGOTE_FLAG, str(agent_pid), str(nice)]
         os.execv(sys.executable, argv)
     finally:
         os._exit(127)
@@ -1283,7 +1372,8 @@ class Spare:
 class Zygote:
     """The agent's side of its zygote, and of the spares it holds ready."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
         self.pid = 0
         self.ctl: socket.socket | None = None
         #: Ready spares, oldest first.
@@ -1307,8 +1397,8 @@ class Zygote:
         if pid == 0:
             ours.close()
             if fresh:
-                _exec_zygote(theirs, agent)
-            zygote_main(theirs, agent)
+                _exec_zygote(theirs, agent, self.nice)
+            zygote_main(theirs, agent, self.nice)
         theirs.close()
         self.pid, self.ctl, self.asked, self.trusted = pid, ours, 0, trusted
 
@@ -1764,6 +1854,8 @@ class Agent:
         self.conns: set[socket.socket] = set()
         self.code_counter = 0
         self.sched_baseline = sched_state(os.getpid())
+        #: The zygote's and spares': the agent's, at their nice value.
+        self.helper_baseline = helper_sched(self.sched_baseline, opts.run_nice)
         # SIGCHLD writes a byte here (see watch_children): orphans are reaped at once.
         self.wake_fd, self._wake_w = os.pipe()
         for fd in (self.wake_fd, self._wake_w):
@@ -1828,8 +1920,9 @@ class Agent:
                 else:
                     ran = self._serve_request(key.fileobj)  # type: ignore[arg-type]
                     # Spares are forked now: after the reply went out (it does not wait
-                    # for a fork), and well before the next run.  After a run, only if
-                    # none is left: the reset that usually follows would wait for a fork.
+                    # for a fork), and well before the next run.  After a run with no
+                    # reset behind it, only if none is left: a reset sent next would
+                    # wait for the fork.
                     self.zygote.ask(1 if ran else SPARES)
             self.reap()
 
@@ -1882,14 +1975,16 @@ class Agent:
         conn.close()
 
     def _serve_request(self, conn: socket.socket) -> bool:
-        """Answer one request; whether it was a run."""
-        keep, ran = True, False
+        """Answer one request (and the reset an exec asked for); whether it was a run
+        not followed by a reset."""
+        keep, ran, reset_after = True, False, False
         try:
             req = recv_frame(conn)
             if req is None:
                 keep = False
             else:
                 ran = req.get("op") == "exec"
+                reset_after = ran and req.get("reset_after") is True
                 send_frame(conn, self.handle(conn, req))
         except FrameTooLarge as exc:
             self._reply_error(conn, str(exc))
@@ -1903,9 +1998,24 @@ class Agent:
         except Exception as exc:  # a bug: answer it and keep serving
             log(f"internal error: {''.join(traceback.format_exception(exc))}")
             keep = self._reply_error(conn, f"agent internal error: {exc!r}")
+        if keep and reset_after:
+            keep = self._send_reset(conn)
         if not keep:
             self._drop_conn(conn)
-        return ran
+        return ran and not reset_after
+
+    def _send_reset(self, conn: socket.socket) -> bool:
+        """Reset now and send its answer; whether the connection still stands."""
+        try:
+            reply = self.reset()
+        except Exception as exc:  # a bug: a failed reset, and the host recycles the sandbox
+            log(f"internal error: {''.join(traceback.format_exception(exc))}")
+            reply = {"ok": False, "error": f"agent internal error: {exc!r}"}
+        try:
+            send_frame(conn, reply)
+        except OSError:
+            return False
+        return True
 
     @staticmethod
     def _reply_error(conn: socket.socket, error: str) -> bool:
@@ -1967,9 +2077,13 @@ class Agent:
         affinity (a zygote's pass to every later run).  Nothing in this uid can undo a
         raised nice value, so the sandbox is recycled (the host reads a failed reset so).
         """
-        for pid in (os.getpid(), *self.zygote.pids()):
+        own = self.sched_baseline
+        for pid, expected in (
+            (os.getpid(), own),
+            *((p, self.helper_baseline) for p in self.zygote.pids()),
+        ):
             state = sched_state(pid)
-            if state is not None and state != self.sched_baseline:
+            if state is not None and state != expected:
                 return f"the scheduling of process {pid} was changed: {state}"
         return None
 
@@ -2024,12 +2138,7 @@ class Agent:
         return Execution(self, plan, spec, conn).run(ends, child_ends)
 
     def _child_env(self, spec: ExecSpec) -> dict[str, str]:
-        env = {
-            "PATH": DEFAULT_PATH,
-            "HOME": self.opts.workdir,
-            "TMPDIR": self.opts.workdir,
-            "LANG": "C.UTF-8",
-        }
+        env = run_environment(self.opts.workdir)
         env.update(spec.env)
         return env
 
@@ -2047,6 +2156,20 @@ def encode_outcome(exec_id: str, o: Outcome) -> dict[str, Any]:
         "duration_s": o.duration_s,
         "error": o.error,
     }
+
+
+def helper_nice(own: int, run_nice: int) -> int:
+    """The zygote's nice value: ``run_nice``, unless the agent's own is higher already."""
+    return max(own, run_nice)
+
+
+def helper_sched(
+    agent: tuple[int, int, frozenset[int]] | None, run_nice: int
+) -> tuple[int, int, frozenset[int]] | None:
+    if agent is None:
+        return None
+    nice, policy, cpus = agent
+    return helper_nice(nice, run_nice), policy, cpus
 
 
 def sched_state(pid: int) -> tuple[int, int, frozenset[int]] | None:
@@ -2115,17 +2238,17 @@ def harden() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == [ZYGOTE_FLAG]:  # a replacement zygote, exec-ed by the agent
-        zygote_main(socket.socket(fileno=ZYGOTE_FD), int(args[1]))
+        zygote_main(socket.socket(fileno=ZYGOTE_FD), int(args[1]), int(args[2]))
     opts = parse_options(args)
     if opts.container and 1 not in (os.getpid(), os.getppid()):
         # --container kills every process it can see: only where PID 1 is ours.
         log("refusing --container: the agent is neither PID 1 nor its child (not a container?)")
         return 2
-    # Runs get a fresh environment each; the agent's own stays small.
+    # Runs get a fresh environment each; the agent's own is a run's without the request's.
     os.environ.clear()
-    os.environ.update({"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+    os.environ.update(run_environment(opts.workdir))
     harden()
-    zygote = Zygote()
+    zygote = Zygote(opts.run_nice)
     zygote.start(fresh=False)  # forked before any request is read: nothing to leak
     zygote.ask()
     agent = Agent(opts, zygote)

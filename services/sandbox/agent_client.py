@@ -7,8 +7,8 @@ sequence) and the semantics of each op are documented at the top of
     client = await AgentClient.connect(path, timeout_s=5.0)   # waits for the socket
     reply = await client.exec(ExecRequest(id="1", code="print(1)"), timeout_s=15.0)
     killed = await client.reset(timeout_s=5.0)
-    reply = await client.exec(request, timeout_s=15.0, reset_after=True)  # reset sent ahead
-    killed = await client.reset(timeout_s=5.0)  # reads the answer of the reset sent ahead
+    reply = await client.exec(request, timeout_s=15.0, reset_after=True)  # resets unasked
+    killed = await client.reset(timeout_s=5.0)  # reads the answer of that reset
     await client.close()
 
 Errors: ``AgentUnavailable`` (cannot connect, or the connection dropped: the agent
@@ -174,9 +174,6 @@ def _frame(path: str, op: str, payload: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-RESET_FRAME = _frame("", "reset", {"op": "reset"})
-
-
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -244,11 +241,14 @@ class AgentClient:
     ) -> ExecReply:
         """Run one execution; ``timeout_s`` is the outer watchdog (> request.timeout_s).
 
-        ``reset_after``: a reset is written the moment the reply is in, so the agent
-        cleans up while the host is still answering its caller; ``reset()`` reads its
-        answer, and must come before any other request.
+        ``reset_after``: the agent resets as soon as its reply is out, and cleans up while
+        the host is still answering its caller; ``reset()`` reads the reset's answer, and
+        must come before any other request.
         """
-        reply = await self._request("exec", request.to_wire(), timeout_s, reset_after)
+        payload = request.to_wire()
+        if reset_after:
+            payload["reset_after"] = True
+        reply = await self._request("exec", payload, timeout_s, reset_after)
         try:
             result = ExecReply.from_wire(reply)
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
@@ -262,8 +262,8 @@ class AgentClient:
     async def reset(self, timeout_s: float) -> int:
         """Kill leftovers and empty the workdir; the number of processes killed.
 
-        After ``exec(..., reset_after=True)`` the reset is already under way: this only
-        waits for its answer."""
+        After ``exec(..., reset_after=True)`` the agent resets unasked: this only waits
+        for its answer."""
         reply = await self._request("reset", {"op": "reset"}, timeout_s)
         killed = reply.get("killed")
         if not isinstance(killed, int):
@@ -320,7 +320,7 @@ class AgentClient:
     async def _request(
         self, op: str, payload: dict[str, Any], timeout_s: float, reset_after: bool = False
     ) -> dict[str, Any]:
-        """Send ``payload`` (a reset sent ahead is not sent again) and read its reply."""
+        """Send ``payload`` (not a reset the agent does unasked) and read its reply."""
         body = _frame(self.path, op, payload)
         async with self._lock:
             sent = self._take_ahead(op)
@@ -330,10 +330,7 @@ class AgentClient:
                         self._writer.write(body)
                         await self._writer.drain()
                     reply = await self._read_frame()
-                    if reset_after:
-                        # No drain: a small frame, and the next request drains anyway.
-                        self._writer.write(RESET_FRAME)
-                        self._reset_ahead = True
+                    self._reset_ahead = reset_after
             except TimeoutError as exc:
                 self._abort()
                 raise AgentTimeout(self.path, op, timeout_s) from exc
@@ -349,14 +346,15 @@ class AgentClient:
         return reply
 
     def _take_ahead(self, op: str) -> bool:
-        """Whether ``op`` is the reset sent ahead, whose answer is the next frame."""
+        """Whether ``op`` is the reset the agent does unasked, whose answer is the next frame."""
         if self._closed:
             raise AgentUnavailable(self.path, "connection closed")
         ahead, self._reset_ahead = self._reset_ahead, False
         if ahead and op != "reset":
             # The reset's answer would be read as this request's: the stream is out of step.
             self._abort()
-            raise AgentUnavailable(self.path, f"{op!r} before the answer to the reset sent ahead")
+            reason = f"{op!r} before the answer to the reset behind an exec"
+            raise AgentUnavailable(self.path, reason)
         return ahead
 
     async def _read_frame(self) -> dict[str, Any]:

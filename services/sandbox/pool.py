@@ -155,7 +155,7 @@ class WarmPool(abc.ABC):
         self._inspect(box)
         if box.spoiled is None and self._reusable(box):
             try:
-                # After a last exec this reads the answer of the reset sent behind it.
+                # After a last exec this reads the answer of the reset the agent did unasked.
                 await box.agent.reset(timeout_s=5.0)
             except AgentError as error:
                 box.spoiled = f"reset failed: {error}"

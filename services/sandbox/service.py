@@ -208,6 +208,9 @@ class SandboxService(Service):
         task.add_done_callback(self._releasing.discard)
 
     async def _release(self, box: Box) -> None:
+        # This task was made before the reply was sent, so it would run first: the reply
+        # goes out, then the cgroup reads and the reset.
+        await asyncio.sleep(0)
         try:
             await self.backend.release(box)
         except Exception as error:  # one bad container must not stop the pool

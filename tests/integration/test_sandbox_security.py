@@ -855,24 +855,37 @@ async def test_killing_or_stopping_the_zygote(single: Pool) -> None:
 @pytest.mark.parametrize(
     "code",
     [
-        "renice -n 10 -p $(ps -o pid= --ppid 1 | head -n 1)",  # the zygote
-        "renice -n 5 -u $(id -u)",  # every process of the sandbox's uid, the agent too
+        "chrt --idle -p 0 $(ps -o pid= --ppid 1 | head -n 1)",  # the zygote's policy
+        "renice -n 5 -p 1",  # the agent
         "taskset -a -p 1 1",  # the agent's CPU affinity
     ],
-    ids=["renice-zygote", "renice-uid", "taskset-agent"],
+    ids=["idle-zygote", "renice-agent", "taskset-agent"],
 )
 async def test_changing_the_agents_scheduling_gets_the_sandbox_replaced(
     single: Pool, code: str
 ) -> None:
-    # Code shares the agent's uid: it can renice it or its zygote (whose nice value every
-    # later run would inherit), which no process of that uid can undo.  The reset notices.
+    # Code shares the agent's uid: it can renice the agent or change its zygote's policy
+    # (which every later run would inherit), which no process of that uid can undo.  The
+    # reset notices.
     box = single.boxes()[0]
     result = await single.run(code, "bash")
     assert result.status is S.OK, result
     await single.wait_warm()
     assert single.boxes() != [box]
-    niceness = await single.run("ps -o ni= -p 1; nice", "bash")
-    assert niceness.stdout.split() == ["0", "0"], niceness
+    niceness = await single.run("ps -o ni= -p 1; nice; chrt -p $$", "bash")
+    assert niceness.stdout.split()[:2] == ["0", "19"], niceness
+    assert "SCHED_OTHER" in niceness.stdout, niceness
+    await single.assert_recovered()
+
+
+async def test_runs_rank_below_the_agent_and_cannot_climb(single: Pool) -> None:
+    # In its container a run is at nice 19, so that the agent preempts it at once; code
+    # can neither lower that (no CAP_SYS_NICE, RLIMIT_NICE 0) nor raise the zygote.
+    probe = (
+        "ps -o ni= -p 1; nice; renice -n 0 -p $$ >/dev/null 2>&1 && echo lowered || echo refused"
+    )
+    result = await single.run(probe, "bash")
+    assert result.stdout.split() == ["0", "19", "refused"], result
     await single.assert_recovered()
 
 

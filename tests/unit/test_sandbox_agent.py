@@ -954,3 +954,89 @@ def test_being_killed_is_false_for_a_live_child_and_true_once_it_is_gone() -> No
     finally:
         os.waitpid(pid, 0)
     assert being_killed(pid)
+
+
+# --------------------------------------------------------------------------- what a run is given
+
+
+async def test_a_request_env_can_override_and_the_next_run_starts_clean(
+    client: AgentClient, agent: RunningAgent
+) -> None:
+    # The spare's own environment is a run's default one: a run asking for nothing more
+    # changes nothing, one asking for more must not leave it to the next.
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    changed = await run(client, code=code, env={"HOME": "/elsewhere", "EXTRA": "1"})
+    seen = json.loads(changed.stdout)
+    assert (seen["HOME"], seen["EXTRA"]) == ("/elsewhere", "1")
+    plain = json.loads((await run(client, code=code)).stdout)
+    assert plain == {
+        "PATH": seen["PATH"],
+        "HOME": str(agent.workdir),
+        "TMPDIR": str(agent.workdir),
+        "LANG": "C.UTF-8",
+    }
+    shell = await run(client, language="bash", code="echo $EXTRA-$HOME", env={"EXTRA": "2"})
+    assert shell.stdout == f"2-{agent.workdir}\n".encode()
+
+
+async def test_python_stdio_is_what_python3_gives_a_pipe(client: AgentClient) -> None:
+    code = (
+        "import sys\n"
+        "for name in ('stdin', 'stdout', 'stderr'):\n"
+        "    s = getattr(sys, name)\n"
+        "    print(s.fileno(), s.encoding, s.errors, s.line_buffering, s.seekable(),"
+        " s.isatty(), s is getattr(sys, f'__{name}__'))\n"
+        "print(sys.stdin.read(), end='')\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    reply = await run(client, code=code, stdin=b"fed\n")
+    assert reply.stdout.decode().splitlines() == [
+        "0 utf-8 surrogateescape False False False True",
+        "1 utf-8 surrogateescape False False False True",
+        "2 utf-8 backslashreplace True False False True",
+        "fed",
+    ]
+    assert reply.stderr == b"to stderr\n"
+
+
+async def test_the_plan_reaches_the_run_whole(client: AgentClient) -> None:
+    # The plan reaches the spare marshal-ed: odd strings, argv, limits and env intact.
+    code = (
+        "import os, resource, sys\n"
+        "print(repr(os.environ['ODD']), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    odd = "é \u2603 \\ \" ' \x01"
+    reply = await run(client, code=code, env={"ODD": odd}, limits=ExecLimits(nofile=77))
+    assert reply.stdout.decode() == f"{odd!r} 77\n", reply
+    argv = await run(client, argv=["printf", "%s|", "a b", odd])
+    assert argv.stdout.decode() == f"a b|{odd}|"
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.parametrize(("extra", "expected"), [((), 0), (("--run-nice", "7"), 7)])
+async def test_runs_and_helpers_take_the_run_nice_value(
+    tmp_path: Path, extra: tuple[str, ...], expected: int
+) -> None:
+    with start_agent(tmp_path, *extra) as running:
+        async with await AgentClient.connect(running.socket, timeout_s=10.0) as client:
+            own = nice_of(running.proc.pid)
+            reply = await run(client, code="import os; print(os.nice(0))")
+            assert reply.stdout == f"{max(own, expected)}\n".encode()
+            helpers = await helpers_of(running, 2)
+            assert [nice_of(pid) for pid in helpers] == [max(own, expected)] * 2
+            assert nice_of(running.proc.pid) == own
+            assert await client.reset(timeout_s=10.0) == 0  # helpers at that value: not tampered
+
+
+def test_run_nice_is_19_in_a_container_and_checked() -> None:
+    from services.sandbox.agent import parse_options
+
+    base = ["--socket", "/run/x/agent.sock", "--workdir", "/work"]
+    assert parse_options([*base, "--container"]).run_nice == 19
+    assert parse_options(base).run_nice == 0
+    assert parse_options([*base, "--container", "--run-nice", "0"]).run_nice == 0
+    with pytest.raises(SystemExit):
+        parse_options([*base, "--run-nice", "20"])
