@@ -883,7 +883,7 @@ def _wire_fds(fds: list[int], inherited: tuple[Any, ...]) -> None:
 
 def _reset_signals(python: bool) -> None:
     # Through _signal: signal.signal makes an enum of every old handler, Python code whose
-    # pages a forked run would copy (a third of a trivial run's copies).
+    # pages a forked run would copy (a sixth of a trivial run's page faults).
     default = _signal.SIG_DFL
     for sig in (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGCHLD):
         _signal.signal(sig, default)
@@ -963,12 +963,12 @@ def _text_stream(fd: int, write: bool, errors: str) -> io.TextIOWrapper:
 def _stdio_for_runs() -> dict[str, io.TextIOWrapper]:
     """sys.std* for Python runs, made on fds 0/1/2 while a pipe stands in for them: the
     streams a fresh python3 makes on a run's pipes (unseekable, no tty)."""
-    read_end, write_end = os.pipe()
+    read_end, write_end = (_dup_high(fd, close=True) for fd in os.pipe())
     saved: dict[int, int | None] = {}
     try:
         for fd, end in ((0, read_end), (1, write_end), (2, write_end)):
             try:
-                saved[fd] = os.dup(fd)
+                saved[fd] = _dup_high(fd)
             except OSError:  # closed
                 saved[fd] = None
             os.dup2(end, fd)
@@ -986,6 +986,14 @@ def _stdio_for_runs() -> dict[str, io.TextIOWrapper]:
                 os.close(copy)
         os.close(read_end)
         os.close(write_end)
+
+
+def _dup_high(fd: int, close: bool = False) -> int:
+    """A close-on-exec copy of fd above 0-2 (which may be closed, and so handed out)."""
+    copy = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    if close:
+        os.close(fd)
+    return copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -2077,13 +2085,12 @@ class Agent:
         affinity (a zygote's pass to every later run).  Nothing in this uid can undo a
         raised nice value, so the sandbox is recycled (the host reads a failed reset so).
         """
-        own = self.sched_baseline
-        for pid, expected in (
-            (os.getpid(), own),
-            *((p, self.helper_baseline) for p in self.zygote.pids()),
-        ):
+        expected: dict[int, SchedState | None]
+        expected = dict.fromkeys(self.zygote.pids(), self.helper_baseline)
+        expected[os.getpid()] = self.sched_baseline
+        for pid, baseline in expected.items():
             state = sched_state(pid)
-            if state is not None and state != expected:
+            if state is not None and state != baseline:
                 return f"the scheduling of process {pid} was changed: {state}"
         return None
 
@@ -2158,21 +2165,23 @@ def encode_outcome(exec_id: str, o: Outcome) -> dict[str, Any]:
     }
 
 
+#: A process's (nice value, scheduling policy, CPU affinity).
+SchedState = tuple[int, int, frozenset[int]]
+
+
 def helper_nice(own: int, run_nice: int) -> int:
     """The zygote's nice value: ``run_nice``, unless the agent's own is higher already."""
     return max(own, run_nice)
 
 
-def helper_sched(
-    agent: tuple[int, int, frozenset[int]] | None, run_nice: int
-) -> tuple[int, int, frozenset[int]] | None:
+def helper_sched(agent: SchedState | None, run_nice: int) -> SchedState | None:
     if agent is None:
         return None
     nice, policy, cpus = agent
     return helper_nice(nice, run_nice), policy, cpus
 
 
-def sched_state(pid: int) -> tuple[int, int, frozenset[int]] | None:
+def sched_state(pid: int) -> SchedState | None:
     """A process's (nice value, scheduling policy, CPU affinity); None once it is gone."""
     try:
         return (
