@@ -108,8 +108,8 @@ environment (PATH, HOME=workdir, TMPDIR=workdir, LANG=C.UTF-8, then the request'
 stdin fed from the request, RLIMIT_CORE 0, RLIMIT_NOFILE and RLIMIT_FSIZE always,
 RLIMIT_AS and RLIMIT_NPROC when configured, no file descriptor but 0, 1, 2, and
 PR_SET_PDEATHSIG=SIGKILL (an agent that dies takes its running child with it), at nice
-value --run-nice (19 with --container, where the agent then preempts it at once; 0
-without).
+value --run-nice (by default 19 with --container, where the agent then preempts it at
+once, and 0 without).
 No run is a fork of the agent, whose heap still holds earlier requests: each is a
 "spare" forked ahead of time from the agent's zygote, a process forked before the
 agent read any request (see "the zygote" below), and handed its plan and pipes over a
@@ -1124,9 +1124,10 @@ def _report_setup_failure(status_fd: int, exc: BaseException) -> NoReturn:
 # inherit it: within the container, whose CPU share against other containers is its
 # cgroup's and unchanged by nice values, the agent then runs the moment it wakes, ahead
 # of the code it serves and of the next spare's fork.  At equal priority a request
-# waited about a millisecond on a busy machine for those to yield.  Without a container
-# runs keep the agent's priority: there a nice value would rank them below every
-# process of the host.
+# waited about a millisecond on a busy machine for those to yield.  Where the sandbox has
+# no cgroup of its own (no container, or bubblewrap, which the local backend runs with
+# --run-nice 0) runs keep the agent's priority: there a nice value would rank them below
+# every process of the host.
 #
 # Zygote and spares run as the code's uid.  They are not dumpable, so code can neither
 # ptrace them nor write into them through /proc/<pid>/mem (and plant code in later

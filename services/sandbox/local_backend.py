@@ -147,6 +147,10 @@ class LocalBackend(WarmPool):
             "--workdir",
             "/work",
             "--container",
+            # No cgroup of its own here: a nice value would rank runs below every
+            # process of the host, not only below the agent.
+            "--run-nice",
+            "0",
             *rlimits,
         ]
 

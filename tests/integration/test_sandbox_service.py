@@ -283,6 +283,8 @@ async def test_local_backends_serve_the_same_api(
         assert (await run(nc, "echo ok", language="bash")).stdout == "ok\n"
         if backend == "bwrap":  # the agent is its namespace's init, as in a container
             assert (await run(nc, "import os; print(os.getppid())")).stdout == "1\n"
+        # No cgroup of their own: runs keep the agent's priority (not a container's 19).
+        assert (await run(nc, "import os; print(os.nice(0))")).stdout == f"{os.nice(0)}\n"
 
 
 def _dead_pid() -> int:

@@ -524,7 +524,7 @@ async def test_reset_empties_workdir(client: AgentClient, agent: RunningAgent) -
     assert (await run(client, code="print('after reset')")).stdout == b"after reset\n"
 
 
-async def test_reset_sent_behind_an_exec(client: AgentClient, agent: RunningAgent) -> None:
+async def test_reset_done_unasked_after_an_exec(client: AgentClient, agent: RunningAgent) -> None:
     request = ExecRequest(id="r", language="bash", code="touch left-behind; sleep 30 &")
     reply = await client.exec(request, timeout_s=WATCHDOG_S, reset_after=True)
     assert reply.status is SandboxStatus.OK
@@ -548,6 +548,26 @@ async def test_another_request_before_the_reset_answer_is_refused(
     with pytest.raises(AgentUnavailable):
         await client.ping()
     assert client.closed
+
+
+async def test_the_reset_answer_follows_a_refused_exec_too(agent: RunningAgent) -> None:
+    # The host reads a reset's answer after any reply to an exec that asked for one.
+    reader, writer = await asyncio.open_unix_connection(str(agent.socket))
+    try:
+        (agent.workdir / "left").write_bytes(b"x")
+        bad = {"op": "exec", "id": "b", "code": "1", "language": "cobol", "reset_after": True}
+        writer.write(frame(bad) + frame({"op": "ping"}))
+        await writer.drain()
+        replies = []
+        for _ in range(3):
+            (length,) = struct.unpack(">I", await reader.readexactly(4))
+            replies.append(json.loads(await reader.readexactly(length)))
+    finally:
+        writer.close()
+    assert replies[0]["ok"] is False and "cobol" in replies[0]["error"]
+    assert replies[1] == {"ok": True, "killed": 0}
+    assert replies[2]["ok"] is True and "pid" in replies[2]  # the ping, in its turn
+    assert list(agent.workdir.iterdir()) == []
 
 
 async def test_no_zombies_after_many_execs(client: AgentClient, agent: RunningAgent) -> None:
