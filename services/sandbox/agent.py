@@ -2005,8 +2005,7 @@ class Agent:
         except OSError:  # the peer went away, or a read/send timed out
             keep = False
         except Exception as exc:  # a bug: answer it and keep serving
-            log(f"internal error: {''.join(traceback.format_exception(exc))}")
-            keep = self._reply_error(conn, f"agent internal error: {exc!r}")
+            keep = self._reply_error(conn, _internal_error(exc))
         if keep and reset_after:
             keep = self._send_reset(conn)
         if not keep:
@@ -2018,8 +2017,7 @@ class Agent:
         try:
             reply = self.reset()
         except Exception as exc:  # a bug: a failed reset, and the host recycles the sandbox
-            log(f"internal error: {''.join(traceback.format_exception(exc))}")
-            reply = {"ok": False, "error": f"agent internal error: {exc!r}"}
+            reply = {"ok": False, "error": _internal_error(exc)}
         try:
             send_frame(conn, reply)
         except OSError:
@@ -2149,6 +2147,12 @@ class Agent:
         env = run_environment(self.opts.workdir)
         env.update(spec.env)
         return env
+
+
+def _internal_error(exc: Exception) -> str:
+    """Log a bug with its traceback; the error to answer with."""
+    log(f"internal error: {''.join(traceback.format_exception(exc))}")
+    return f"agent internal error: {exc!r}"
 
 
 def encode_outcome(exec_id: str, o: Outcome) -> dict[str, Any]:

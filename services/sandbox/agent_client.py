@@ -248,7 +248,7 @@ class AgentClient:
         payload = request.to_wire()
         if reset_after:
             payload["reset_after"] = True
-        reply = await self._request("exec", payload, timeout_s, reset_after)
+        reply = await self._request("exec", payload, timeout_s)
         try:
             result = ExecReply.from_wire(reply)
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
@@ -317,9 +317,7 @@ class AgentClient:
         self._closed = True
         self._writer.close()
 
-    async def _request(
-        self, op: str, payload: dict[str, Any], timeout_s: float, reset_after: bool = False
-    ) -> dict[str, Any]:
+    async def _request(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send ``payload`` (not a reset the agent does unasked) and read its reply."""
         body = _frame(self.path, op, payload)
         async with self._lock:
@@ -330,7 +328,8 @@ class AgentClient:
                         self._writer.write(body)
                         await self._writer.drain()
                     reply = await self._read_frame()
-                    self._reset_ahead = reset_after
+                    # The agent answers a reset after it, unasked (see exec).
+                    self._reset_ahead = payload.get("reset_after") is True
             except TimeoutError as exc:
                 self._abort()
                 raise AgentTimeout(self.path, op, timeout_s) from exc

@@ -292,6 +292,17 @@ async def test_cwd_home_and_clean_environment(client: AgentClient, agent: Runnin
     assert "TEMPER_AGENT_TEST_SECRET" not in env
     reply = await run(client, language="bash", code="echo $MY_VAR $HOME", env={"MY_VAR": "7"})
     assert reply.stdout == f"7 {agent.workdir}\n".encode()
+    # The spare's own environment is a run's default one: a run asking for nothing more
+    # changes nothing, one asking for more must not leave it to the next.
+    changed = json.loads((await run(client, code=code, env={"HOME": "/x", "EXTRA": "1"})).stdout)
+    assert (changed["env"]["HOME"], changed["env"]["EXTRA"]) == ("/x", "1")
+    plain = json.loads((await run(client, code=code)).stdout)["env"]
+    assert plain == {
+        "PATH": env["PATH"],
+        "HOME": str(agent.workdir),
+        "TMPDIR": str(agent.workdir),
+        "LANG": "C.UTF-8",
+    }
 
 
 async def test_rlimits(client: AgentClient) -> None:
@@ -977,26 +988,6 @@ def test_being_killed_is_false_for_a_live_child_and_true_once_it_is_gone() -> No
 
 
 # --------------------------------------------------------------------------- what a run is given
-
-
-async def test_a_request_env_can_override_and_the_next_run_starts_clean(
-    client: AgentClient, agent: RunningAgent
-) -> None:
-    # The spare's own environment is a run's default one: a run asking for nothing more
-    # changes nothing, one asking for more must not leave it to the next.
-    code = "import json, os; print(json.dumps(dict(os.environ)))"
-    changed = await run(client, code=code, env={"HOME": "/elsewhere", "EXTRA": "1"})
-    seen = json.loads(changed.stdout)
-    assert (seen["HOME"], seen["EXTRA"]) == ("/elsewhere", "1")
-    plain = json.loads((await run(client, code=code)).stdout)
-    assert plain == {
-        "PATH": seen["PATH"],
-        "HOME": str(agent.workdir),
-        "TMPDIR": str(agent.workdir),
-        "LANG": "C.UTF-8",
-    }
-    shell = await run(client, language="bash", code="echo $EXTRA-$HOME", env={"EXTRA": "2"})
-    assert shell.stdout == f"2-{agent.workdir}\n".encode()
 
 
 async def test_python_stdio_is_what_python3_gives_a_pipe(client: AgentClient) -> None:
