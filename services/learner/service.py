@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Coroutine
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from protocol.codec import Codec, encode
 from protocol.errors import DecodeError
 from protocol.messages import Batch, ErrorReply, PolicyUpdate, SampleRequest
 from services.learner.loss import LossConfig
+from services.learner.metrics import Scalars, step_line
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
@@ -44,8 +45,21 @@ class LearnerSettings:
     lr: float = 1e-4
     clip_eps: float = 0.2
     is_cap: float = 2.0
+    #: k3 KL to the starting policy (0: no reference model is loaded) and entropy bonus.
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
     grad_clip: float = 1.0
     micro_batch: int = 16
+    #: Optimizer steps per batch = epochs x minibatches, clipped against the batch's start.
+    epochs: int = 1
+    minibatches: int = 1
+    #: Samples of groups whose rewards are all equal skip the forward pass (no gradient).
+    skip_zero_advantage: bool = True
+    #: Torch intra-op threads; 0 keeps torch's default (every core).  On a machine that
+    #: the generator shares, 1 avoids two processes' thread pools spinning on each other.
+    threads: int = 0
+    #: TensorBoard scalars per step under ``out_dir/tensorboard``.
+    tensorboard: bool = True
     #: Staleness bound sent with every request; ``None`` keeps the buffer's.
     max_staleness: int | None = None
     #: Publish a new policy version every this many steps.
@@ -64,7 +78,15 @@ class LearnerSettings:
             lr=self.lr,
             grad_clip=self.grad_clip,
             micro_batch=self.micro_batch,
-            loss=LossConfig(clip_eps=self.clip_eps, is_cap=self.is_cap),
+            epochs=self.epochs,
+            minibatches=self.minibatches,
+            skip_zero_advantage=self.skip_zero_advantage,
+            loss=LossConfig(
+                clip_eps=self.clip_eps,
+                is_cap=self.is_cap,
+                kl_coef=self.kl_coef,
+                entropy_coef=self.entropy_coef,
+            ),
             seed=self.seed,
         )
 
@@ -78,6 +100,9 @@ class LearnerService(Service):
         self._trainer: Trainer | None = None
         self.last: StepResult | None = None
         self.failures = 0
+        self.refused = 0
+        self.skipped = 0
+        self._scalars: Scalars | None = None
 
     @property
     def trainer(self) -> Trainer:
@@ -87,6 +112,12 @@ class LearnerService(Service):
 
     async def setup(self) -> None:
         settings = self.settings
+        if settings.threads:
+            import torch
+
+            torch.set_num_threads(settings.threads)
+        if settings.tensorboard:
+            self._scalars = await asyncio.to_thread(Scalars, settings.out_dir / "tensorboard")
         self._trainer = await asyncio.to_thread(
             Trainer, settings.model, settings.out_dir, settings.trainer_config(), settings.device
         )
@@ -106,9 +137,22 @@ class LearnerService(Service):
                 await asyncio.sleep(0.2 if batch is not None else 1.0)
                 continue
             result = await asyncio.to_thread(self.trainer.train, batch.items)
+            self._account(result)
+            if result.skipped:
+                continue
             self.last = result
             self._record(result, batch)
             await self._after_step(result.step)
+
+    def _account(self, result: StepResult) -> None:
+        self.refused += len(result.refused)
+        for refusal in result.refused:
+            self.log.warning("rollout_refused", rollout=refusal.rollout_id, reason=refusal.reason)
+        if result.skipped:
+            # Nothing was applied (non-finite updates, or no sample with a gradient): the
+            # weights are unchanged, so no version is published for this batch.
+            self.skipped += 1
+            self.log.warning("step_skipped", samples=result.samples, updates=result.updates)
 
     async def _next_batch(self) -> Batch | None:
         trainer = self.trainer
@@ -159,21 +203,15 @@ class LearnerService(Service):
     async def teardown(self) -> None:
         if self._trainer is not None and self._trainer.step:
             await asyncio.to_thread(self._trainer.save_checkpoint)
+        if self._scalars is not None:
+            self._scalars.close()
 
     def _record(self, result: StepResult, batch: Batch) -> None:
-        line = {
-            "step": result.step,
-            "version": self.trainer.version,
-            "samples": result.samples,
-            "reward_mean": result.reward_mean,
-            "reward_by_domain": result.reward_by_domain,
-            "staleness_mean": result.staleness_mean,
-            "dropped_stale": batch.dropped_stale,
-            **{f"loss_{k}": v for k, v in asdict(result.loss).items()},
-            "at": time.time(),
-        }
+        line = step_line(result, self.trainer.version, batch.dropped_stale)
         with (self.settings.out_dir / "metrics.jsonl").open("a") as out:
             out.write(json.dumps(line) + "\n")
+        if self._scalars is not None:
+            self._scalars.add(line, result.step)
         self.log.info(
             "step", step=result.step, reward=round(result.reward_mean, 4), samples=result.samples
         )
@@ -187,6 +225,8 @@ class LearnerService(Service):
     def statistics(self) -> dict[str, float]:
         values = super().statistics()
         values["batch_failures"] = float(self.failures)
+        values["refused_rollouts"] = float(self.refused)
+        values["skipped_steps"] = float(self.skipped)
         if self._trainer is not None:
             values["step"] = float(self._trainer.step)
             values["policy_version"] = float(self._trainer.version)
@@ -196,6 +236,8 @@ class LearnerService(Service):
             values["staleness_mean"] = last.staleness_mean
             values["clip_fraction"] = last.loss.clip_fraction
             values["approx_kl"] = last.loss.approx_kl
+            values["entropy"] = last.loss.entropy
+            values["diversity"] = last.diversity
             for domain, reward in last.reward_by_domain.items():
                 values[f"reward.{domain}"] = reward
         return values

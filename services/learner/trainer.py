@@ -7,29 +7,37 @@ A checkpoint (model, optimizer, step, version) is written atomically and resumed
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import shutil
 import statistics
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from protocol.messages import ScoredRollout
+from protocol.messages import FinishReason, ScoredRollout
 from protocol.packed import unpack_f32, unpack_i32, unpack_u8
 from services.learner.loss import (
     LossConfig,
     LossStats,
+    TokenTerms,
     group_advantages,
     policy_loss,
+    token_entropy,
     token_logprobs,
 )
+from services.runtime.logs import get_logger
 from services.runtime.weights import directory_digest
 
 CHECKPOINT = "checkpoint.pt"
+_log = get_logger(component="trainer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,18 +46,54 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch: int = 16
+    #: Passes over each batch, and optimizer steps per pass: ``epochs * minibatches``
+    #: updates per batch, each clipped against the policy at the start of the batch.
+    epochs: int = 1
+    minibatches: int = 1
+    #: Leave out of the forward pass the samples whose advantage is 0 (groups whose
+    #: rewards are all equal): they add no gradient, only cost.  Ignored when a KL or an
+    #: entropy term gives them one.
+    skip_zero_advantage: bool = True
     loss: LossConfig = field(default_factory=LossConfig)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "epochs", "minibatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+
+    @property
+    def updates(self) -> int:
+        return self.epochs * self.minibatches
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    rollout_id: str
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
     step: int
     samples: int
+    #: Samples that went through the forward pass (the rest had advantage 0).
+    trained: int
     reward_mean: float
     reward_by_domain: dict[str, float]
     staleness_mean: float
     loss: LossStats
+    #: Optimizer steps applied (``epochs * minibatches`` unless some were non-finite).
+    updates: int
+    #: Malformed rollouts left out of the step, each with the reason.
+    refused: list[Refusal]
+    #: No update was applied (every one was non-finite, or nothing was left to train).
+    skipped: bool
+    #: Mean share of distinct completions per group (1 = all different, 1/n = collapsed).
+    diversity: float
+    completion_len: float
+    #: Share of samples cut at the token limit.
+    truncated: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +111,22 @@ class _Rows:
     mask: torch.Tensor
     advantages: torch.Tensor
 
+    def select(self, index: torch.Tensor) -> _Rows:
+        return _Rows(
+            tokens=self.tokens[index],
+            attention=self.attention[index],
+            behaviour=self.behaviour[index],
+            mask=self.mask[index],
+            advantages=self.advantages[index],
+        )
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class NonFinite(ArithmeticError):
+    """A minibatch's loss or gradient was NaN or infinite; its update is not applied."""
+
 
 class Trainer:
     def __init__(self, model_dir: Path, out_dir: Path, config: TrainerConfig, device: str = "cpu"):
@@ -80,9 +140,17 @@ class Trainer:
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model: Any = model.to(self.device)
         self.model.train()
+        self._limits = _ModelLimits.of(self.model)
+        self.reference: Any = None
+        if config.loss.kl_coef:
+            reference: Any = AutoModelForCausalLM.from_pretrained(
+                str(model_dir), dtype=torch.float32
+            )
+            self.reference = reference.to(self.device).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
+        self._shuffle = torch.Generator().manual_seed(config.seed)
         self.step = 0
         self.version = 0
         # The service may stop while a step runs in its worker thread: a checkpoint or an
@@ -97,37 +165,109 @@ class Trainer:
             return self._train(items)
 
     def _train(self, items: list[ScoredRollout]) -> StepResult:
-        rows = self._rows(items)
-        total = int(rows.mask.sum().item()) or 1
-        self.optimizer.zero_grad(set_to_none=True)
+        refused = [r for r in (self._limits.problem(i) for i in items) if r is not None]
+        bad = {r.rollout_id for r in refused}
+        valid = [i for i in items if i.id not in bad]
+        rows = self._rows(valid) if valid else None
         parts: list[LossStats] = []
-        for start in range(0, len(items), self.config.micro_batch):
-            part = slice(start, start + self.config.micro_batch)
-            parts.append(self._backward(rows, part, total))
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.optimizer.step()
-        self.step += 1
-        return self._result(items, _merge(parts))
+        if rows is not None and len(rows):
+            parts = self._optimise(rows)
+        applied = len(parts)
+        if applied:
+            self.step += 1
+        return self._result(items, valid, rows, parts, refused)
 
-    def _backward(self, rows: _Rows, part: slice, total: int) -> LossStats:
-        logits = self.model(input_ids=rows.tokens[part], attention_mask=rows.attention[part]).logits
-        current = token_logprobs(logits, rows.tokens[part])
-        mask = rows.mask[part]
-        loss, stats = policy_loss(
-            current, rows.behaviour[part], rows.advantages[part], mask, self.config.loss
+    def _optimise(self, rows: _Rows) -> list[LossStats]:
+        """``epochs * minibatches`` clipped updates; the statistics of those applied."""
+        proximal = self._logprobs(self.model, rows) if self.config.updates > 1 else None
+        reference = self._logprobs(self.reference, rows) if self.reference is not None else None
+        applied: list[LossStats] = []
+        for _ in range(self.config.epochs):
+            for index in self._minibatches(len(rows)):
+                part = _Part(
+                    rows=rows.select(index),
+                    proximal=None if proximal is None else proximal[index],
+                    reference=None if reference is None else reference[index],
+                )
+                try:
+                    applied.append(self._update(part))
+                except NonFinite as error:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    _log.warning("update_skipped", step=self.step + 1, reason=str(error))
+        return applied
+
+    def _minibatches(self, rows: int) -> list[torch.Tensor]:
+        if self.config.minibatches == 1:
+            return [torch.arange(rows, device=self.device)]
+        order = torch.randperm(rows, generator=self._shuffle).to(self.device)
+        return list(order.tensor_split(min(self.config.minibatches, rows)))
+
+    def _update(self, part: _Part) -> LossStats:
+        self.optimizer.zero_grad(set_to_none=True)
+        total = int(part.rows.mask.sum().item()) or 1
+        stats: list[LossStats] = []
+        for start in range(0, len(part.rows), self.config.micro_batch):
+            micro = slice(start, start + self.config.micro_batch)
+            stats.append(self._backward(part, micro, total))
+        merged = _merge(stats)
+        if not math.isfinite(merged.loss):
+            raise NonFinite(f"loss is {merged.loss}")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        if not torch.isfinite(norm):
+            raise NonFinite(f"gradient norm is {float(norm)}")
+        self.optimizer.step()
+        return merged
+
+    def _backward(self, part: _Part, micro: slice, total: int) -> LossStats:
+        rows = part.rows
+        tokens = rows.tokens[micro]
+        logits = self.model(input_ids=tokens, attention_mask=rows.attention[micro]).logits
+        current = token_logprobs(logits, tokens)
+        wants_entropy = bool(self.config.loss.entropy_coef)
+        entropy = token_entropy(logits if wants_entropy else logits.detach())
+        terms = TokenTerms(
+            current=current,
+            proximal=current.detach() if part.proximal is None else part.proximal[micro],
+            behaviour=rows.behaviour[micro],
+            mask=rows.mask[micro],
+            entropy=entropy,
+            reference=None if part.reference is None else part.reference[micro],
         )
-        # Token-level mean over the whole batch, accumulated micro-batch by micro-batch.
-        (loss * (mask.sum() / total)).backward()  # type: ignore[no-untyped-call]
+        loss, stats = policy_loss(terms, rows.advantages[micro], self.config.loss)
+        # Token-level mean over the whole minibatch, accumulated micro-batch by micro-batch.
+        (loss * (terms.mask.sum() / total)).backward()  # type: ignore[no-untyped-call]
         return stats
 
-    def _rows(self, items: list[ScoredRollout]) -> _Rows:
-        length = max(len(unpack_i32(i.rollout.tokens)) for i in items)
-        shape = (len(items), length)
+    @torch.no_grad()
+    def _logprobs(self, model: Any, rows: _Rows) -> torch.Tensor:
+        """Logprobs of ``rows`` under ``model`` (the proximal or the reference policy)."""
+        was_training = model.training
+        model.eval()
+        out = [
+            token_logprobs(
+                model(input_ids=rows.tokens[s], attention_mask=rows.attention[s]).logits,
+                rows.tokens[s],
+            )
+            for s in _slices(len(rows), self.config.micro_batch)
+        ]
+        model.train(was_training)
+        return torch.cat(out)
+
+    def _rows(self, items: list[ScoredRollout]) -> _Rows | None:
+        advantages = group_advantages([i.reward for i in items], [i.rollout.task.id for i in items])
+        keep = list(range(len(items)))
+        if self.config.skip_zero_advantage and not self._regularised():
+            keep = [row for row in keep if advantages[row] != 0]
+        if not keep:
+            return None
+        chosen = [items[row] for row in keep]
+        length = max(len(i.rollout.tokens) // 4 for i in chosen)
+        shape = (len(chosen), length)
         tokens = torch.zeros(shape, dtype=torch.long)
         attention = torch.zeros(shape, dtype=torch.long)
-        behaviour = torch.zeros((len(items), length - 1))
-        mask = torch.zeros((len(items), length - 1))
-        for row, item in enumerate(items):
+        behaviour = torch.zeros((len(chosen), length - 1))
+        mask = torch.zeros((len(chosen), length - 1))
+        for row, item in enumerate(chosen):
             ids = torch.from_numpy(unpack_i32(item.rollout.tokens).astype("int64"))
             start = item.rollout.prompt_len - 1
             tokens[row, : len(ids)] = ids
@@ -139,28 +279,46 @@ class Trainer:
             mask[row, start : start + completion] = torch.from_numpy(
                 unpack_u8(item.rollout.loss_mask).astype("float32")
             )
-        advantages = group_advantages([i.reward for i in items], [i.rollout.task.id for i in items])
         device = self.device
         return _Rows(
             tokens=tokens.to(device),
             attention=attention.to(device),
             behaviour=behaviour.to(device),
             mask=mask.to(device),
-            advantages=advantages.to(device),
+            advantages=advantages[keep].to(device),
         )
 
-    def _result(self, items: list[ScoredRollout], loss: LossStats) -> StepResult:
+    def _regularised(self) -> bool:
+        return bool(self.config.loss.kl_coef or self.config.loss.entropy_coef)
+
+    def _result(
+        self,
+        items: list[ScoredRollout],
+        valid: list[ScoredRollout],
+        rows: _Rows | None,
+        parts: list[LossStats],
+        refused: list[Refusal],
+    ) -> StepResult:
+        counted = valid or items
         by_domain: dict[str, list[float]] = defaultdict(list)
-        for item in items:
+        for item in counted:
             by_domain[item.rollout.task.domain].append(item.reward)
-        stale = [self.version - (i.rollout.policy_version or self.version) for i in items]
+        stale = [self.version - (i.rollout.policy_version or self.version) for i in counted]
+        lengths = [len(i.rollout.logprobs) // 4 for i in counted]
         return StepResult(
             step=self.step,
-            samples=len(items),
-            reward_mean=statistics.fmean(i.reward for i in items),
+            samples=len(valid),
+            trained=0 if rows is None else len(rows),
+            reward_mean=statistics.fmean(i.reward for i in counted) if counted else 0.0,
             reward_by_domain={d: statistics.fmean(r) for d, r in sorted(by_domain.items())},
-            staleness_mean=statistics.fmean(stale),
-            loss=loss,
+            staleness_mean=statistics.fmean(stale) if stale else 0.0,
+            loss=_merge(parts),
+            updates=len(parts),
+            refused=refused,
+            skipped=not parts,
+            diversity=_diversity(counted),
+            completion_len=statistics.fmean(lengths) if lengths else 0.0,
+            truncated=_share(counted, lambda i: i.rollout.finish_reason is FinishReason.LENGTH),
         )
 
     # ------------------------------------------------------------------ weights, checkpoints
@@ -205,6 +363,7 @@ class Trainer:
             "step": self.step,
             "version": self.version,
             "rng": torch.get_rng_state(),
+            "shuffle": self._shuffle.get_state(),
         }
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
@@ -221,6 +380,8 @@ class Trainer:
         self.step = int(state["step"])
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"])
+        if "shuffle" in state:
+            self._shuffle.set_state(state["shuffle"])
         return True
 
     def current_weights(self) -> Exported | None:
@@ -231,16 +392,76 @@ class Trainer:
         return Exported(version=self.version, path=path, digest=directory_digest(path))
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Part:
+    """One minibatch: its rows and, when computed, their proximal and reference logprobs."""
+
+    rows: _Rows
+    proximal: torch.Tensor | None
+    reference: torch.Tensor | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ModelLimits:
+    """What a rollout must respect to be trained on by this model."""
+
+    vocab: int
+    context: int
+
+    @classmethod
+    def of(cls, model: Any) -> _ModelLimits:
+        config = model.config
+        return cls(vocab=int(config.vocab_size), context=int(config.max_position_embeddings))
+
+    def problem(self, item: ScoredRollout) -> Refusal | None:
+        reason = self._reason(item)
+        return None if reason is None else Refusal(rollout_id=item.id, reason=reason)
+
+    def _reason(self, item: ScoredRollout) -> str | None:
+        rollout = item.rollout
+        ids = unpack_i32(rollout.tokens)
+        completion = len(ids) - rollout.prompt_len
+        if rollout.prompt_len < 1 or completion < 1:
+            return f"prompt_len {rollout.prompt_len} leaves {completion} completion tokens"
+        if len(rollout.logprobs) // 4 != completion or len(rollout.loss_mask) != completion:
+            return (
+                f"{len(rollout.logprobs) // 4} logprobs and {len(rollout.loss_mask)} mask "
+                f"entries for {completion} completion tokens"
+            )
+        if len(ids) > self.context:
+            return f"{len(ids)} tokens exceed the model's context of {self.context}"
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
+            return f"token ids outside the vocabulary [0, {self.vocab})"
+        logprobs = unpack_f32(rollout.logprobs)
+        if not np.isfinite(logprobs).all() or float(logprobs.max()) > 1e-3:
+            return "behaviour logprobs are not finite negative numbers"
+        if not math.isfinite(item.reward):
+            return f"reward is {item.reward}"
+        return None
+
+
+def _slices(total: int, size: int) -> list[slice]:
+    return [slice(start, start + size) for start in range(0, total, size)]
+
+
+def _diversity(items: list[ScoredRollout]) -> float:
+    groups: dict[str, list[str]] = defaultdict(list)
+    for item in items:
+        rollout = item.rollout
+        groups[rollout.task.id].append(rollout.completion_text or rollout.tokens.hex())
+    shares = [len(set(texts)) / len(texts) for texts in groups.values() if len(texts) > 1]
+    return statistics.fmean(shares) if shares else 1.0
+
+
+def _share(items: list[ScoredRollout], test: Callable[[ScoredRollout], bool]) -> float:
+    return sum(1 for i in items if test(i)) / len(items) if items else 0.0
+
+
 def _merge(parts: list[LossStats]) -> LossStats:
-    tokens = sum(p.tokens for p in parts) or 1
+    tokens = sum(p.tokens for p in parts)
 
-    def mean(field: str) -> float:
-        return float(sum(getattr(p, field) * p.tokens for p in parts)) / tokens
+    def mean(name: str) -> float:
+        return float(sum(getattr(p, name) * p.tokens for p in parts)) / (tokens or 1)
 
-    return LossStats(
-        loss=mean("loss"),
-        clip_fraction=mean("clip_fraction"),
-        approx_kl=mean("approx_kl"),
-        is_weight_mean=mean("is_weight_mean"),
-        tokens=tokens,
-    )
+    names = [f.name for f in dataclasses.fields(LossStats) if f.name != "tokens"]
+    return LossStats(**{name: mean(name) for name in names}, tokens=tokens)

@@ -18,7 +18,14 @@ from protocol.messages import (
     Task,
 )
 from protocol.packed import pack_f32, pack_i32, pack_u8
-from services.learner.loss import LossConfig, group_advantages, policy_loss, token_logprobs
+from services.learner.loss import (
+    LossConfig,
+    LossStats,
+    TokenTerms,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+)
 from services.learner.trainer import Trainer, TrainerConfig
 from services.runtime.weights import directory_digest
 
@@ -31,17 +38,71 @@ def test_group_advantages_normalise_within_each_group() -> None:
     assert adv[2:].tolist() == [0.0, 0.0, 0.0]  # equal rewards and a lone sample carry no signal
 
 
-def test_policy_loss_clips_and_weights() -> None:
+def _loss(
+    current: torch.Tensor,
+    proximal: list[float],
+    behaviour: list[float],
+    advantage: float,
+    config: LossConfig,
+    **extra: torch.Tensor,
+) -> tuple[torch.Tensor, LossStats]:
+    terms = TokenTerms(
+        current=current,
+        proximal=torch.tensor([proximal]),
+        behaviour=torch.tensor([behaviour]),
+        mask=torch.ones_like(current),
+        **extra,
+    )
+    return policy_loss(terms, torch.tensor([advantage]), config)
+
+
+def test_importance_weight_is_truncated_against_behaviour() -> None:
     current = torch.tensor([[-1.0, -1.0]], requires_grad=True)
-    behaviour = torch.tensor([[-1.0, -3.0]])
-    mask = torch.tensor([[1.0, 1.0]])
-    loss, stats = policy_loss(current, behaviour, torch.tensor([1.0]), mask, LossConfig(is_cap=2))
+    loss, stats = _loss(current, [-1.0, -1.0], [-1.0, -3.0], 1.0, LossConfig(is_cap=2))
     loss.backward()  # type: ignore[no-untyped-call]
     # Second token: proximal/behaviour = e^2 > cap, so its weight is truncated to 2.
     assert stats.is_weight_mean == pytest.approx((1 + 2) / 2)
+    assert stats.is_truncated == pytest.approx(0.5)
     assert current.grad is not None and current.grad.tolist() == [[-0.5, -1.0]]
-    assert stats.approx_kl == pytest.approx((0 + -2) / 2)
-    assert stats.tokens == 2 and stats.clip_fraction == 0.0
+    assert stats.behaviour_kl == pytest.approx((0 - 2) / 2)
+    assert stats.tokens == 2 and stats.clip_fraction == 0.0 and stats.approx_kl == 0.0
+
+
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_ratio_to_the_proximal_policy_is_clipped(advantage: float) -> None:
+    # Token 0 moved up by 0.5 nats since the batch started, token 1 down by 0.5.
+    current = torch.tensor([[-0.5, -1.5]], requires_grad=True)
+    loss, stats = _loss(current, [-1.0, -1.0], [-1.0, -1.0], advantage, LossConfig(clip_eps=0.2))
+    loss.backward()  # type: ignore[no-untyped-call]
+    up, down = math.exp(0.5), math.exp(-0.5)
+    assert current.grad is not None
+    if advantage > 0:
+        # Pessimistic bound: the token that rose is clipped at 1.2 (no gradient), the one
+        # that fell keeps its ratio.
+        assert loss.item() == pytest.approx(-(1.2 + down) / 2, rel=1e-5)
+        assert current.grad[0].tolist() == pytest.approx([0.0, -down / 2], rel=1e-5)
+    else:
+        assert loss.item() == pytest.approx((up + 0.8) / 2, rel=1e-5)
+        assert current.grad[0].tolist() == pytest.approx([up / 2, 0.0], rel=1e-5)
+    assert stats.clip_fraction == 1.0
+    assert stats.approx_kl == pytest.approx(0.0, abs=1e-6)  # mean of +0.5 and -0.5
+
+
+def test_reference_kl_is_k3_and_entropy_is_a_bonus() -> None:
+    current = torch.tensor([[-1.0]], requires_grad=True)
+    reference = torch.tensor([[-1.0 + math.log(2)]])
+    config = LossConfig(kl_coef=0.5)
+    loss, stats = _loss(current, [-1.0], [-1.0], 0.0, config, reference=reference)
+    loss.backward()  # type: ignore[no-untyped-call]
+    assert stats.reference_kl == pytest.approx(2 - math.log(2) - 1)
+    assert loss.item() == pytest.approx(0.5 * (2 - math.log(2) - 1))
+    # d/dc [e^(r-c) - (r-c) - 1] = 1 - e^(r-c) = -1 here, times the coefficient.
+    assert current.grad is not None and current.grad.item() == pytest.approx(-0.5)
+    entropy = torch.tensor([[0.7]], requires_grad=True)
+    bonus, stats = _loss(
+        current.detach(), [-1.0], [-1.0], 0.0, LossConfig(entropy_coef=0.1), entropy=entropy
+    )
+    assert bonus.item() == pytest.approx(-0.07) and stats.entropy == pytest.approx(0.7)
 
 
 def _item(
@@ -130,3 +191,54 @@ def test_exported_weights_load_in_the_engine_and_old_versions_are_pruned(
             await engine.close()
 
     assert asyncio.run(greedy(exported.path)) != asyncio.run(greedy(None))
+
+
+def test_several_updates_per_batch_clip_against_the_batch_start(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    batch = [_item("g", 0, [22, 23, 24], 1.0, -7.6), _item("g", 1, [40, 41, 42], 0.0, -7.6)]
+    one = Trainer(tiny_model, tmp_path / "one", TrainerConfig(lr=5e-2)).train(batch)
+    assert one.updates == 1 and one.loss.clip_fraction == 0.0 and one.loss.approx_kl == 0.0
+    config = TrainerConfig(lr=5e-2, epochs=2, minibatches=2)
+    many = Trainer(tiny_model, tmp_path / "many", config).train(batch)
+    # Later updates see a policy that moved since the batch started: the ratio acts.
+    assert many.updates == 4 and many.step == 1
+    assert many.loss.clip_fraction > 0.0 and many.loss.approx_kl != 0.0
+
+
+def test_zero_advantage_groups_skip_the_forward_pass(tiny_model: Path, tmp_path: Path) -> None:
+    batch = [
+        _item("g", 0, [22, 23], 1.0, -7.0),
+        _item("g", 1, [40, 41], 0.0, -7.0),
+        _item("flat", 0, [22, 23], 1.0, -7.0),
+        _item("flat", 1, [40, 41], 1.0, -7.0),
+    ]
+    result = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3)).train(batch)
+    assert (result.samples, result.trained, result.step) == (4, 2, 1)
+    assert result.reward_mean == 0.75 and result.diversity == 1.0
+    nothing = Trainer(tiny_model, tmp_path / "b", TrainerConfig(lr=1e-3)).train(batch[2:])
+    assert nothing.skipped and nothing.step == 0 and nothing.trained == 0
+
+
+def test_malformed_rollouts_are_refused_by_name_and_the_step_goes_on(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    good = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]
+    huge = _item("h", 0, [22, 10**6], 1.0, -7.0)
+    nan = _item("n", 0, [22, 23], 1.0, float("nan"))
+    result = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3)).train([*good, huge, nan])
+    reasons = {r.rollout_id: r.reason for r in result.refused}
+    assert set(reasons) == {"h/0", "n/0"}
+    assert "vocabulary" in reasons["h/0"] and "not finite" in reasons["n/0"]
+    assert result.step == 1 and result.samples == 2 and not result.skipped
+
+
+def test_a_non_finite_loss_skips_the_update(tiny_model: Path, tmp_path: Path) -> None:
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3))
+    with torch.no_grad():
+        trainer.model.model.norm.weight[0] = float("nan")
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    result = trainer.train([_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)])
+    assert result.skipped and result.updates == 0 and trainer.step == 0
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value.nan_to_num(), before[name].nan_to_num()), name

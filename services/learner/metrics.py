@@ -1,0 +1,56 @@
+"""What the learner reports per step: a metrics.jsonl line, the same as TensorBoard scalars."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from services.learner.trainer import StepResult
+
+#: Keys of a metrics line that are not scalars to plot.
+_NOT_SCALARS = frozenset({"step", "version", "at", "reward_by_domain"})
+
+
+def step_line(result: StepResult, version: int, dropped_stale: int) -> dict[str, Any]:
+    """The metrics.jsonl line of one learner step."""
+    return {
+        "step": result.step,
+        "version": version,
+        "samples": result.samples,
+        "trained": result.trained,
+        "updates": result.updates,
+        "refused": len(result.refused),
+        "reward_mean": result.reward_mean,
+        "reward_by_domain": result.reward_by_domain,
+        "staleness_mean": result.staleness_mean,
+        "dropped_stale": dropped_stale,
+        "diversity": result.diversity,
+        "completion_len": result.completion_len,
+        "truncated": result.truncated,
+        **{f"loss_{k}": v for k, v in asdict(result.loss).items()},
+        "at": time.time(),
+    }
+
+
+class Scalars:
+    """TensorBoard scalars (torch's SummaryWriter), one tag per numeric metric."""
+
+    def __init__(self, logdir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(logdir))
+
+    def add(self, line: dict[str, Any], step: int, prefix: str = "learner") -> None:
+        wall = float(line.get("at", time.time()))
+        for key, value in line.items():
+            if key in _NOT_SCALARS or not isinstance(value, int | float):
+                continue
+            self._writer.add_scalar(f"{prefix}/{key}", value, step, walltime=wall)
+        for domain, reward in line.get("reward_by_domain", {}).items():
+            self._writer.add_scalar(f"reward/{domain}", reward, step, walltime=wall)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
