@@ -389,6 +389,10 @@ class PolicyUpdate(Message, tag="policy_update"):
     step: NonNegInt = 0
     created_at: float | None = None
     metadata: dict[str, Any] = {}
+    #: Samples the learner has consumed so far (trained on, or judged to carry no signal);
+    #: generators pace their admission by it.  Announced again, with the same version,
+    #: after batches that changed no weight.
+    trained_samples: NonNegInt = 0
 
 
 class WeightSyncAck(Message, tag="weight_sync_ack"):

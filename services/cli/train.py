@@ -2,8 +2,10 @@
 
 One command runs everything on this machine: nats-server, generator (torch engine),
 validator, replay and learner, plus a feeder that keeps tasks of the domain flowing.
-It prints the learner's reward per step as it goes and, at the end, the reward of the
-first steps against the last ones.
+The domain's held-out problems (its eval split, never trained on) are evaluated through
+the same stack at the eval tier: at the start, every ``--eval-every`` versions and at
+the end.  A progress bar shows steps, trained samples/s, reward and held-out accuracy;
+``RUN_DIR`` gets ``eval/heldout.jsonl``, TensorBoard scalars and ``train.png``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,11 +26,16 @@ from protocol import subjects
 from protocol.codec import encode
 from protocol.messages import Task
 from services.cli.common import CliError, connect, run, stop_event
+from services.cli.train_view import Progress, heldout_line, plot, say, summary
+from services.evaluation.heldout import HeldoutSet
+from services.evaluation.runner import HeldoutRunner
 from services.runtime.natsserver import NatsServerError
 from services.supervisor import StackSettings, Supervisor
 
 SERVICES = ("control", "generator", "validator", "replay", "learner")
 _GIVE_UP_S = 300.0
+#: Longest wait for the final held-out evaluation once training time is up.
+_FINAL_EVAL_S = 180.0
 
 
 def register(commands: Any) -> None:
@@ -38,13 +44,32 @@ def register(commands: Any) -> None:
     )
     train.add_argument("--run-dir", type=Path, default=Path("run/train"))
     train.add_argument("--nats-port", type=int, default=4223)
-    train.add_argument("--domain", default="arithmetic")
-    train.add_argument("--minutes", type=float, default=10.0, help="stop after this long")
+    train.add_argument("--domain", default="arithmetic_sum3")
+    train.add_argument("--minutes", type=float, default=10.0, help="train for this long")
     train.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
-    train.add_argument("--in-flight", type=int, default=48, help="tasks kept outstanding")
-    train.add_argument("--batch", type=int, default=128, help="samples per learner step")
+    train.add_argument("--in-flight", type=int, default=64, help="tasks kept outstanding")
+    train.add_argument("--batch", type=int, default=256, help="samples per learner step")
+    train.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
     train.add_argument("--lr", type=float, default=5e-4)
-    train.add_argument("--warmup-steps", type=int, default=40, help="supervised warm-up steps")
+    train.add_argument(
+        "--max-staleness",
+        type=int,
+        default=2,
+        help="policy versions a sample may lag the learner (admission and replay bound)",
+    )
+    train.add_argument("--warmup-steps", type=int, default=600, help="most supervised steps")
+    train.add_argument(
+        "--warmup-target",
+        type=float,
+        default=0.35,
+        help="the warm-up stops when greedy accuracy on train problems reaches this",
+    )
+    train.add_argument(
+        "--eval-every", type=int, default=40, help="held-out evaluation every N policy versions"
+    )
+    train.add_argument(
+        "--eval-samples", type=int, default=4, help="sampled answers per held-out problem (pass@k)"
+    )
     train.add_argument("--fresh", action="store_true", help="start over (delete RUN_DIR)")
     train.set_defaults(run=cmd_train)
 
@@ -58,8 +83,13 @@ class TrainPlan:
     group: int
     in_flight: int
     batch: int
+    minibatches: int
     lr: float
+    max_staleness: int
     warmup_steps: int
+    warmup_target: float
+    eval_every: int
+    eval_samples: int
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -71,8 +101,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         group=args.group,
         in_flight=args.in_flight,
         batch=args.batch,
+        minibatches=args.minibatches,
         lr=args.lr,
+        max_staleness=args.max_staleness,
         warmup_steps=args.warmup_steps,
+        warmup_target=args.warmup_target,
+        eval_every=args.eval_every,
+        eval_samples=args.eval_samples,
     )
     if args.fresh:
         import shutil
@@ -98,28 +133,42 @@ def prepare_policy(plan: TrainPlan) -> Path:
     model = plan.run_dir / "model"
     if (model / "config.json").is_file():
         return model
-    _say(f"building the tiny policy in {model}")
+    say(f"building the tiny policy in {model}")
     init_model(model, force=True)
     if plan.warmup_steps:
-        _say(f"supervised warm-up: {plan.warmup_steps} steps on {plan.domain}'s train split")
-        loss = supervised_warmup(model, domain, WarmupConfig(steps=plan.warmup_steps))
-        _say(f"warm-up done (loss {loss:.3f}); reinforcement learning from here")
+        say(
+            f"supervised warm-up on {plan.domain}'s train split: up to {plan.warmup_steps} "
+            f"steps, until greedy accuracy on train problems reaches {plan.warmup_target:.0%}"
+        )
+        config = WarmupConfig(
+            steps=plan.warmup_steps, lr=1e-3, examples=4096, target_accuracy=plan.warmup_target
+        )
+        result = supervised_warmup(model, domain, config)
+        accuracy = "" if result.train_accuracy is None else f", train {result.train_accuracy:.0%}"
+        say(
+            f"warm-up done after {result.steps} steps (loss {result.loss:.3f}{accuracy}); "
+            "reinforcement learning from here"
+        )
     return model
 
 
 async def _train(plan: TrainPlan, model: Path) -> int:
     stop = stop_event()
-    supervisor = Supervisor(_stack(plan, model), say=_say)
+    supervisor = Supervisor(_stack(plan, model), say=say)
     try:
         await supervisor.start()
         nc = await connect(supervisor.nats_url, "temper-train")
         try:
-            steps = await _run_until_done(plan, nc, supervisor, stop)
+            outcome = await _run_until_done(plan, nc, supervisor, stop)
         finally:
             await nc.close()
     finally:
         await supervisor.stop()
-    _summary(steps)
+    for line in summary(outcome.steps, outcome.heldout):
+        say(line)
+    figure = plan.run_dir / "train.png"
+    plot(figure, outcome.steps, outcome.heldout, outcome.started_at)
+    say(f"plot: {figure}; TensorBoard: tensorboard --logdir {plan.run_dir}")
     return 0
 
 
@@ -128,37 +177,101 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         "TEMPER_GENERATOR_MODEL": str(model),
         "TEMPER_GENERATOR_TOOLS": "local",
         "TEMPER_GENERATOR_MAX_CONCURRENT_TASKS": "8",
+        # Two busy processes on two cores: one torch thread each, so neither's thread pool
+        # spins waiting for a core the other holds.
+        "TEMPER_GENERATOR_THREADS": "1",
+        # Admission by staleness: never more ahead of the learner than it may train on.
+        "TEMPER_GENERATOR_ADMISSION_SAMPLES": str(plan.batch * plan.max_staleness),
+        "TEMPER_REPLAY_MAX_STALENESS": str(plan.max_staleness),
+        "TEMPER_LEARNER_THREADS": "1",
         "TEMPER_LEARNER_MODEL": str(model),
         "TEMPER_LEARNER_OUT_DIR": str(plan.run_dir / "learner"),
         "TEMPER_LEARNER_BATCH_SIZE": str(plan.batch),
         "TEMPER_LEARNER_MIN_SAMPLES": str(max(plan.group * 2, plan.batch // 2)),
         "TEMPER_LEARNER_MICRO_BATCH": "64",
+        "TEMPER_LEARNER_MINIBATCHES": str(plan.minibatches),
         "TEMPER_LEARNER_LR": str(plan.lr),
+        "TEMPER_LEARNER_MAX_STALENESS": str(plan.max_staleness),
         "TEMPER_STATS_S": "2",
     }
     return StackSettings(run_dir=plan.run_dir, nats_port=plan.nats_port, services=SERVICES, env=env)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    steps: list[dict[str, Any]]
+    heldout: list[dict[str, Any]]
+    #: Wall-clock time (``time.time()``) when training started.
+    started_at: float
+
+
 async def _run_until_done(
     plan: TrainPlan, nc: NATS, supervisor: Supervisor, stop: asyncio.Event
-) -> list[dict[str, Any]]:
+) -> Outcome:
+    from services.domains import load_registry
+    from services.learner.metrics import Scalars
+
     feeder = Feeder(nc, plan)
     await feeder.start()
-    deadline = time.monotonic() + plan.minutes * 60
+    heldout = HeldoutSet.of(load_registry(None).get(plan.domain))
+    runner = HeldoutRunner(nc, heldout, plan.eval_samples, plan.run_dir / "eval" / "heldout.jsonl")
+    await runner.start()
+    scalars = Scalars(plan.run_dir / "tensorboard" / "heldout")
     metrics = MetricsTail(plan.run_dir / "learner" / "metrics.jsonl")
-    seen: list[dict[str, Any]] = []
+    clock = _Clock()
+    say(f"held-out: {len(heldout.problems)} {plan.domain} problems of the eval split")
+    await runner.submit(clock.elapsed())
     watcher = asyncio.ensure_future(supervisor.watch(stop))
+    steps: list[dict[str, Any]] = []
+    progress = Progress(plan.minutes * 60)
+
+    def collect() -> None:
+        steps.extend(metrics.new_lines())
+        for result in runner.completed():
+            say(heldout_line(result))
+            scalars.add(result, result["version"], prefix="heldout")
+        progress.update(steps, runner.results)
+
+    next_eval = plan.eval_every
     try:
-        while not stop.is_set() and time.monotonic() < deadline and not watcher.done():
+        while not stop.is_set() and clock.elapsed() < plan.minutes * 60 and not watcher.done():
             await feeder.top_up()
-            for line in metrics.new_lines():
-                seen.append(line)
-                _report(line, seen)
+            collect()
+            version = steps[-1]["version"] if steps else 0
+            if version >= next_eval and not runner.busy:
+                await runner.submit(clock.elapsed())
+                next_eval = version + plan.eval_every
             await asyncio.sleep(0.5)
+        progress.close()
+        if not stop.is_set() and not watcher.done():
+            await _final_evaluation(runner, clock, collect)
     finally:
         stop.set()
         await watcher
-    return seen
+        scalars.close()
+    return Outcome(steps=steps, heldout=runner.results, started_at=clock.started_at)
+
+
+async def _final_evaluation(runner: HeldoutRunner, clock: _Clock, collect: Any) -> None:
+    """Evaluate the last version once the evaluation in flight (if any) is in."""
+    say("training time is up: final held-out evaluation")
+    await runner.drain(_FINAL_EVAL_S)
+    await runner.submit(clock.elapsed())
+    deadline = time.monotonic() + _FINAL_EVAL_S
+    while runner.busy and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        collect()
+    if runner.busy:
+        say(f"the final held-out evaluation did not finish in {_FINAL_EVAL_S:.0f} s")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self.started_at = time.time()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
 
 
 class Feeder:
@@ -230,29 +343,3 @@ class MetricsTail:
         complete = text[: text.rfind("\n") + 1]
         self._offset += len(complete.encode())
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
-
-
-def _report(line: dict[str, Any], seen: list[dict[str, Any]]) -> None:
-    recent = [s["reward_mean"] for s in seen[-10:]]
-    _say(
-        f"step {line['step']:>4}  version {line['version']:>4}  "
-        f"reward {line['reward_mean']:.3f}  (mean of last {len(recent)}: "
-        f"{statistics.fmean(recent):.3f})  staleness {line['staleness_mean']:.2f}"
-    )
-
-
-def _summary(steps: list[dict[str, Any]]) -> None:
-    if len(steps) < 4:
-        _say(f"{len(steps)} learner steps: too few to compare (run longer with --minutes)")
-        return
-    window = max(2, min(10, len(steps) // 3))
-    first = statistics.fmean(s["reward_mean"] for s in steps[:window])
-    last = statistics.fmean(s["reward_mean"] for s in steps[-window:])
-    _say(
-        f"{len(steps)} learner steps: mean reward of the first {window} {first:.3f}, "
-        f"of the last {window} {last:.3f} ({last - first:+.3f})"
-    )
-
-
-def _say(line: str) -> None:
-    print(f"[temper {time.strftime('%H:%M:%S')}] {line}", flush=True)

@@ -29,6 +29,7 @@ from protocol.messages import (
     WeightFormat,
     WeightSyncAck,
 )
+from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, LoopLimits
 from services.generator.engine import Engine, EngineError
 from services.generator.settings import GeneratorSettings
@@ -61,6 +62,7 @@ class GeneratorService(Service):
         self.weight_failures = 0
         self._generated_at_start = 0
         self._task_codec: Codec[Task] = Codec(Task)
+        self.admission = StalenessAdmission(settings.admission_samples)
 
     @property
     def engine(self) -> Engine:
@@ -122,6 +124,8 @@ class GeneratorService(Service):
     # ------------------------------------------------------------------ tasks
 
     async def _on_task(self, task: Task, delivery: Delivery) -> None:
+        if task.metadata.get("split") != "eval":
+            await self.admission.admit(task.n)
         rollouts = await self._rollouts_for(task)
         for rollout in rollouts:
             await self.bus.publish(
@@ -167,6 +171,7 @@ class GeneratorService(Service):
 
     async def _apply(self, update: PolicyUpdate) -> None:
         self.latest_announced = max(self.latest_announced, update.version)
+        self.admission.learner_trained(update.trained_samples)
         async with self._weights_lock:
             if update.version <= self.version:
                 return
@@ -214,6 +219,8 @@ class GeneratorService(Service):
         values["policy_version"] = float(self.version)
         values["version_lag"] = float(max(0, self.latest_announced - self.version))
         values["weight_update_failures"] = float(self.weight_failures)
+        values["admission_ahead"] = float(self.admission.ahead())
+        values["admission_waits"] = float(self.admission.waits)
         for status in RolloutStatus:
             values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
         return values
@@ -252,6 +259,8 @@ def make_engine(settings: GeneratorSettings) -> Engine:
     if settings.engine == "torch":
         import torch
 
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
         from services.generator.torch_engine import TorchEngine
 
         return TorchEngine(

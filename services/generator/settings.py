@@ -32,6 +32,14 @@ class GeneratorSettings:
     #: for a 20M-parameter model, none under 16 MB of weights; results agree to float
     #: rounding).
     tune_linears: bool = True
+    #: Torch intra-op threads of the torch engine; 0 keeps torch's default (every core).
+    #: Where the learner shares the machine, 1 keeps the two thread pools from spinning
+    #: on each other's cores.
+    threads: int = 0
+    #: Admission by staleness: samples this instance may have started ahead of what the
+    #: learner has consumed (the learner's batch size times the staleness it may train
+    #: on); 0 admits every task at once.  Eval-split tasks are never held back.
+    admission_samples: int = 0
     #: Memory bound of the torch engine's prefix cache.
     prefix_cache_mb: int = 256
     #: Tasks generated at once by this instance, across all priority tiers.

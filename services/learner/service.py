@@ -139,6 +139,7 @@ class LearnerService(Service):
             result = await asyncio.to_thread(self.trainer.train, batch.items)
             self._account(result)
             if result.skipped:
+                await self._report_progress()
                 continue
             self.last = result
             self._record(result, batch)
@@ -187,17 +188,26 @@ class LearnerService(Service):
         if step % self.settings.checkpoint_every == 0:
             await asyncio.to_thread(self.trainer.save_checkpoint)
 
+    async def _report_progress(self) -> None:
+        """After a batch that changed no weight: the same version, with what was consumed,
+        so generators pacing their admission by it are not left waiting."""
+        current = self.trainer.current_weights()
+        if current is None:
+            current = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
+        await self._announce(current)
+
     async def _announce(self, exported: Exported) -> None:
+        trainer = self.trainer
         update = PolicyUpdate(
             version=exported.version,
             uri=str(exported.path.resolve()),
             digest=exported.digest,
-            step=self.trainer.step,
+            step=trainer.step,
             created_at=time.time(),
+            trained_samples=trainer.consumed,
         )
-        await self.bus.publish(
-            subjects.policy_update(), update, msg_id=f"policy-{exported.version}-{exported.digest}"
-        )
+        msg_id = f"policy-{exported.version}-{exported.digest}-{trainer.consumed}"
+        await self.bus.publish(subjects.policy_update(), update, msg_id=msg_id)
         self.log.info("policy_published", version=exported.version, step=self.trainer.step)
 
     async def teardown(self) -> None:

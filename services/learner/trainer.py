@@ -153,6 +153,8 @@ class Trainer:
         self._shuffle = torch.Generator().manual_seed(config.seed)
         self.step = 0
         self.version = 0
+        #: Samples handed to ``train`` so far, whether they moved the weights or not.
+        self.consumed = 0
         # The service may stop while a step runs in its worker thread: a checkpoint or an
         # export waits for that step instead of saving half-updated weights.
         self._lock = threading.Lock()
@@ -165,6 +167,7 @@ class Trainer:
             return self._train(items)
 
     def _train(self, items: list[ScoredRollout]) -> StepResult:
+        self.consumed += len(items)
         refused = [r for r in (self._limits.problem(i) for i in items) if r is not None]
         bad = {r.rollout_id for r in refused}
         valid = [i for i in items if i.id not in bad]
@@ -364,6 +367,7 @@ class Trainer:
             "version": self.version,
             "rng": torch.get_rng_state(),
             "shuffle": self._shuffle.get_state(),
+            "consumed": self.consumed,
         }
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
@@ -382,6 +386,7 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         if "shuffle" in state:
             self._shuffle.set_state(state["shuffle"])
+        self.consumed = int(state.get("consumed", 0))
         return True
 
     def current_weights(self) -> Exported | None:

@@ -44,6 +44,8 @@ class Counts:
     dropped_stale: int = 0
     #: Infra failures and invalid rollouts: acknowledged, never served.
     excluded: int = 0
+    #: Rollouts of eval-split tasks: acknowledged, never trained on.
+    heldout: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +77,12 @@ class ReplayBuffer:
         return len(self._held)
 
     def add(self, item: ScoredRollout, release: Release, now: float | None = None) -> bool:
-        """Hold ``item`` until it is served or dropped; False (nothing held) for a duplicate."""
+        """Hold ``item`` until it is served or dropped; False (nothing held) for a duplicate
+        or a rollout of a held-out (eval split) task, which is never trained on."""
         self.counts.received += 1
+        if item.rollout.task.metadata.get("split") == "eval":
+            self.counts.heldout += 1
+            return False
         if item.id in self._held or item.id in self._gone:
             self.counts.duplicates += 1
             return False
@@ -203,4 +209,5 @@ class ReplayBuffer:
             "served": float(self.counts.served),
             "dropped_stale": float(self.counts.dropped_stale),
             "excluded": float(self.counts.excluded),
+            "heldout": float(self.counts.heldout),
         }

@@ -23,8 +23,10 @@ def scored(
     version: int = 0,
     domain: str = "arith",
     status: ScoreStatus = ScoreStatus.SCORED,
+    split: str = "train",
 ) -> ScoredRollout:
-    task = Task(id=task_id, domain=domain, prompt=[ChatMessage(role="user", content="q")], n=n)
+    prompt = [ChatMessage(role="user", content="q")]
+    task = Task(id=task_id, domain=domain, prompt=prompt, n=n, metadata={"split": split})
     rollout = Rollout(
         id=f"{task_id}/{index}",
         task=task,
@@ -105,6 +107,15 @@ def test_infra_failures_never_reach_the_learner_but_are_released() -> None:
     assert [s.id for s in selection.items] == ["g/0", "g/2"]
     assert "g/1" in released.ids and buffer.counts.excluded == 1
     assert take(buffer2).items == [] and "h/0" in released.ids and len(buffer2) == 0
+
+
+def test_heldout_rollouts_are_never_held_or_served() -> None:
+    buffer, released = ReplayBuffer(group_timeout_s=60), Released()
+    heldout = [scored("e", 0, split="eval"), scored("e", 1, split="eval")]
+    assert not any(buffer.add(item, released.hook(item.id), now=0.0) for item in heldout)
+    fill(buffer, [scored("t", 0), scored("t", 1)], released)
+    assert [s.rollout.task.id for s in take(buffer).items] == ["t", "t"]
+    assert buffer.counts.heldout == 2 and buffer.statistics()["heldout"] == 2.0
 
 
 def test_whole_groups_are_never_split_and_max_samples_holds() -> None:

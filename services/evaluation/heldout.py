@@ -1,0 +1,128 @@
+"""A domain's held-out problems and what one evaluation of a policy version measures.
+
+The eval split is decided by a hash of each problem's key (``Domain.split_of``), so it is
+disjoint from the train split by construction and the same on every run.  An evaluation
+asks for one greedy sample and ``k`` sampled ones per problem and reports greedy
+accuracy, sampled accuracy (mean over samples) and pass@k (the unbiased estimator).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from protocol.messages import SamplingParams, ScoredRollout, ScoreStatus, Task
+from services.domains import Domain, Problem
+
+#: Tier 0, served first: an evaluation measures a version before training moves it on.
+EVAL_TIER = 0
+#: Draws per held-out problem wanted before the split is taken as exhausted.
+_DRAWS = 25
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldoutSet:
+    domain: Domain
+    problems: tuple[Problem, ...]
+    #: Accuracy of always giving the split's most common answer.
+    chance: float
+
+    @classmethod
+    def of(cls, domain: Domain, limit: int = 500) -> HeldoutSet:
+        """Up to ``limit`` distinct eval problems of ``domain``, in a fixed order."""
+        drawn = domain.problems(limit * _DRAWS, split="eval", seed=0)
+        distinct = sorted({p.key: p for p in drawn}.values(), key=lambda p: p.key)[:limit]
+        answers = Counter(str(p.metadata.get("answer", p.key)) for p in distinct)
+        chance = answers.most_common(1)[0][1] / len(distinct) if distinct else 0.0
+        return cls(domain=domain, problems=tuple(distinct), chance=chance)
+
+    def tasks(self, prefix: str, samples: int) -> list[Task]:
+        """A greedy task (``<prefix>-<i>-g``) and a ``samples``-sample task (``-s``) each."""
+        out: list[Task] = []
+        for index, problem in enumerate(self.problems):
+            base = self.domain.task(problem, "eval", 0, index)
+            greedy = SamplingParams(temperature=0.0, max_tokens=base.sampling.max_tokens)
+            out.append(_variant(base, f"{prefix}-{index}-g", 1, greedy))
+            if samples:
+                out.append(_variant(base, f"{prefix}-{index}-s", samples, base.sampling))
+        return out
+
+
+def _variant(task: Task, task_id: str, n: int, sampling: SamplingParams) -> Task:
+    fields = {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
+    fields.update(id=task_id, n=n, sampling=sampling, tier=EVAL_TIER)
+    return Task(**fields)
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Chance that one of ``k`` samples drawn from ``n`` (``correct`` right) is right."""
+    if n - correct < k:
+        return 1.0 if correct else 0.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+@dataclass(kw_only=True)
+class Evaluation:
+    """The scored rollouts of one evaluation as they arrive."""
+
+    prefix: str
+    heldout: HeldoutSet
+    samples: int
+    elapsed_s: float
+    greedy: dict[int, bool] = field(default_factory=dict)
+    sampled: dict[int, list[bool]] = field(default_factory=dict)
+    versions: Counter[int] = field(default_factory=Counter)
+    failed: int = 0
+
+    def expected(self) -> int:
+        return len(self.heldout.problems) * (1 + self.samples)
+
+    def received(self) -> int:
+        return len(self.greedy) + sum(len(v) for v in self.sampled.values()) + self.failed
+
+    def done(self) -> bool:
+        return self.received() >= self.expected()
+
+    def add(self, scored: ScoredRollout) -> None:
+        task_id = scored.rollout.task.id
+        if not task_id.startswith(self.prefix + "-"):
+            return
+        index_text, kind = task_id[len(self.prefix) + 1 :].rsplit("-", 1)
+        if scored.status is not ScoreStatus.SCORED:
+            self.failed += 1
+            return
+        correct = scored.reward >= self.heldout.domain.pass_threshold
+        if scored.rollout.policy_version is not None:
+            self.versions[scored.rollout.policy_version] += 1
+        if kind == "g":
+            self.greedy[int(index_text)] = correct
+        else:
+            self.sampled.setdefault(int(index_text), []).append(correct)
+
+    def result(self) -> dict[str, float | int | str]:
+        """The held-out line: accuracy figures, the version measured, the chance level."""
+        greedy = list(self.greedy.values())
+        flat = [c for v in self.sampled.values() for c in v]
+        passes = [
+            pass_at_k(len(v), sum(v), min(self.samples, len(v))) for v in self.sampled.values()
+        ]
+        version = self.versions.most_common(1)[0][0] if self.versions else 0
+        return {
+            "domain": self.heldout.domain.name,
+            "version": version,
+            "versions_seen": len(self.versions),
+            "elapsed_s": round(self.elapsed_s, 1),
+            "greedy_accuracy": _mean(greedy),
+            "sampled_accuracy": _mean(flat),
+            f"pass_at_{self.samples}": statistics.fmean(passes) if passes else 0.0,
+            "problems": len(greedy),
+            "samples": self.samples,
+            "failed": self.failed,
+            "chance": self.heldout.chance,
+        }
+
+
+def _mean(values: list[bool]) -> float:
+    return sum(values) / len(values) if values else 0.0

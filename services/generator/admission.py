@@ -1,0 +1,54 @@
+"""Admission by staleness (AReaL's max_head_offpolicyness, prime-rl's max_async_level).
+
+A sample started now is trained on once the learner has consumed everything admitted
+before it.  Keeping what is admitted but not yet trained under ``budget`` samples (the
+learner's batch times the staleness it may use) means a rollout lands in the replay
+buffer while it is still fresh enough to train on, so the buffer rarely has to drop
+stale samples, and generation never runs ahead of training into waste.
+
+The learner reports how many samples it has consumed in every PolicyUpdate
+(``trained_samples``).  The budget is per generator instance: with several generators,
+give each its share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class StalenessAdmission:
+    def __init__(self, budget: int) -> None:
+        #: Samples admitted ahead of the learner; 0 admits everything.
+        self.budget = budget
+        self.started = 0
+        self.trained = 0
+        self.waits = 0
+        self._changed = asyncio.Event()
+
+    def allows(self, samples: int) -> bool:
+        ahead = self.started - self.trained
+        # Nothing ahead: a task larger than the whole budget still goes, alone.
+        return not self.budget or ahead <= 0 or ahead + samples <= self.budget
+
+    async def admit(self, samples: int) -> None:
+        """Wait until ``samples`` more fit within the budget, then count them as started."""
+        if not self.allows(samples):
+            self.waits += 1
+        while not self.allows(samples):
+            changed = self._changed
+            await changed.wait()
+        self.started += samples
+
+    def learner_trained(self, samples: int) -> None:
+        """The learner has consumed ``samples`` in all (from a PolicyUpdate)."""
+        if samples <= self.trained:
+            return
+        self.trained = samples
+        # What the learner consumed was started by someone: a generator that restarted, or
+        # that shares the learner with others, must not count it as room for more.
+        self.started = max(self.started, samples)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def ahead(self) -> int:
+        return max(0, self.started - self.trained)
