@@ -50,7 +50,7 @@ def register(commands: Any) -> None:
     train.add_argument("--in-flight", type=int, default=64, help="tasks kept outstanding")
     train.add_argument("--batch", type=int, default=256, help="samples per learner step")
     train.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
-    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--lr", type=float, default=3e-4)
     train.add_argument(
         "--max-staleness",
         type=int,
@@ -61,7 +61,7 @@ def register(commands: Any) -> None:
     train.add_argument(
         "--warmup-target",
         type=float,
-        default=0.35,
+        default=0.25,
         help="the warm-up stops when greedy accuracy on train problems reaches this",
     )
     train.add_argument(
@@ -71,6 +71,9 @@ def register(commands: Any) -> None:
         "--eval-samples", type=int, default=4, help="sampled answers per held-out problem (pass@k)"
     )
     train.add_argument("--fresh", action="store_true", help="start over (delete RUN_DIR)")
+    train.add_argument(
+        "--warmup-only", action="store_true", help="build and warm up the start policy, then stop"
+    )
     train.set_defaults(run=cmd_train)
 
 
@@ -114,6 +117,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         shutil.rmtree(plan.run_dir, ignore_errors=True)
     model = prepare_policy(plan)
+    if args.warmup_only:
+        say(f"start policy ready in {model}")
+        return 0
     try:
         return run(lambda: _train(plan, model))
     except NatsServerError as error:
@@ -141,7 +147,11 @@ def prepare_policy(plan: TrainPlan) -> Path:
             f"steps, until greedy accuracy on train problems reaches {plan.warmup_target:.0%}"
         )
         config = WarmupConfig(
-            steps=plan.warmup_steps, lr=1e-3, examples=4096, target_accuracy=plan.warmup_target
+            steps=plan.warmup_steps,
+            lr=1e-3,
+            examples=4096,
+            target_accuracy=plan.warmup_target,
+            check_every=10,
         )
         result = supervised_warmup(model, domain, config)
         accuracy = "" if result.train_accuracy is None else f", train {result.train_accuracy:.0%}"

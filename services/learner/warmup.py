@@ -77,7 +77,7 @@ def supervised_warmup(model_dir: Path, domain: Domain, config: WarmupConfig) -> 
 
 @dataclass(frozen=True, kw_only=True)
 class _Probe:
-    """Greedy accuracy on a fixed set of train problems (left-padded batch generation)."""
+    """Greedy accuracy on a fixed set of train problems."""
 
     tokenizer: ChatTokenizer
     prompts: list[list[int]]
@@ -90,35 +90,15 @@ class _Probe:
         return cls(
             tokenizer=tokenizer,
             prompts=[tokenizer.render(e.task.prompt) for e in examples],
-            answers=[e.reference for e in examples],
+            answers=[str(e.task.metadata["answer"]) for e in examples],
             domain=domain,
         )
 
-    @torch.no_grad()
     def accuracy(self, model: Any) -> float:
-        model.eval()
-        pad = int(model.config.pad_token_id or 0)
-        length = max(len(p) for p in self.prompts)
-        ids = torch.full((len(self.prompts), length), pad)
-        attention = torch.zeros_like(ids)
-        for row, prompt in enumerate(self.prompts):
-            ids[row, length - len(prompt) :] = torch.tensor(prompt)
-            attention[row, length - len(prompt) :] = 1
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attention,
-            do_sample=False,
-            max_new_tokens=self.domain.max_tokens,
-            pad_token_id=pad,
-        )
-        model.train()
-        texts = [self.tokenizer.decode(row[length:].tolist()) for row in out]
-        return sum(_starts(t, a) for t, a in zip(texts, self.answers, strict=True)) / len(texts)
+        from services.evaluation.offline import answer_is, greedy_texts
 
-
-def _starts(text: str, reference: str) -> bool:
-    """The completion gives the reference answer before anything else."""
-    return text.lstrip().startswith(reference)
+        texts = greedy_texts(model, self.tokenizer, self.prompts, self.domain.max_tokens)
+        return sum(map(answer_is, texts, self.answers)) / len(texts)
 
 
 def _batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -218,3 +218,32 @@ async def test_a_bfloat16_generator_serves_tasks(
         rollouts = await tap.wait(2)
     assert {r.status for r in rollouts} == {RolloutStatus.OK}
     assert all((r.behaviour_logprobs < 0).all() for r in rollouts)
+
+
+async def test_admission_holds_tasks_until_the_learner_consumes(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    js = nc.jetstream()
+    settings = _settings(nats_url, tiny_model, admission_samples=4, max_concurrent_tasks=4)
+    async with GeneratorService(settings) as service:
+        for index in range(3):
+            await _submit(js, _task(f"adm{index}", n=2))
+        # A held-out task is never held back, whatever the budget says.
+        heldout = _task("adm-eval", tier=0, n=2)
+        heldout = Task(**{**_fields(heldout), "metadata": {"split": "eval"}})
+        await _submit(js, heldout)
+        await tap.wait(6)
+        await asyncio.sleep(1.0)
+        assert len(tap.got) == 6 and service.admission.ahead() == 4
+        generated = {r.task.id for r in tap.got}
+        assert "adm-eval" in generated and len(generated) == 3  # two of three train tasks
+        # The learner reports 2 samples consumed: room for the third task.
+        progress = PolicyUpdate(version=0, uri="", digest="", trained_samples=2)
+        await js.publish(subjects.policy_update(), encode(progress))
+        await tap.wait(8)
+        assert service.admission.waits >= 1
+    assert sorted({r.task.id for r in tap.got}) == ["adm-eval", "adm0", "adm1", "adm2"]
+
+
+def _fields(task: Task) -> dict[str, object]:
+    return {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}

@@ -23,7 +23,14 @@ from services.domains.doc_qa import money
 from services.domains.word_problems import decimal_text
 from services.validator.numbers import parse_number
 
-BUILTINS = ["arithmetic", "math_word_problems", "python_functions", "doc_numeric_qa", "tool_use"]
+BUILTINS = [
+    "arithmetic",
+    "arithmetic_sum3",
+    "math_word_problems",
+    "python_functions",
+    "doc_numeric_qa",
+    "tool_use",
+]
 REGISTRY = load_registry(None, plugins=False)
 
 

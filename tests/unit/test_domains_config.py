@@ -115,8 +115,9 @@ def test_overrides_and_defaults(tmp_path: Path) -> None:
         ValidatorSpec(kind="math", weight=0.8, params={"extract": "tag"}),
         ValidatorSpec(kind="length", weight=0.2, params={"limit": 20}, name="brevity"),
     )
-    assert registry.names()[:5] == [
+    assert registry.names()[:6] == [
         "arithmetic",
+        "arithmetic_sum3",
         "math_word_problems",
         "python_functions",
         "doc_numeric_qa",

@@ -1,0 +1,41 @@
+"""Admission by staleness: what is started stays within the budget ahead of the learner."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.generator.admission import StalenessAdmission
+
+
+async def test_tasks_wait_until_the_learner_has_consumed_enough() -> None:
+    gate = StalenessAdmission(budget=16)
+    await gate.admit(8)
+    await gate.admit(8)
+    waiting = asyncio.ensure_future(gate.admit(8))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and gate.waits == 1 and gate.ahead() == 16
+    gate.learner_trained(4)  # 12 ahead: 8 more would be 20 > 16
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    gate.learner_trained(8)
+    await asyncio.wait_for(waiting, 1.0)
+    assert gate.started == 24 and gate.ahead() == 16
+
+
+async def test_a_restarted_generator_does_not_count_what_was_trained_as_room() -> None:
+    gate = StalenessAdmission(budget=16)
+    gate.learner_trained(1000)  # learned from the first PolicyUpdate after a restart
+    await gate.admit(16)
+    assert not gate.allows(1) and gate.ahead() == 16
+    gate.learner_trained(999)  # an older announcement changes nothing
+    assert gate.trained == 1000
+
+
+async def test_no_budget_admits_everything_and_a_large_task_goes_alone() -> None:
+    free = StalenessAdmission(budget=0)
+    for _ in range(10):
+        await free.admit(100)
+    assert free.waits == 0
+    small = StalenessAdmission(budget=4)
+    await asyncio.wait_for(small.admit(8), 1.0)  # nothing ahead: it goes, alone
+    assert not small.allows(1)

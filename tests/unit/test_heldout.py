@@ -1,0 +1,87 @@
+"""The held-out set of the learning demo and what one evaluation reports."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from protocol.messages import ChatMessage, Rollout, ScoredRollout, ScoreStatus, Segment, Task
+from protocol.packed import pack_f32, pack_i32, pack_u8
+from services.domains import load_registry
+from services.evaluation.heldout import EVAL_TIER, Evaluation, HeldoutSet, pass_at_k
+
+
+def test_the_demo_split_is_disjoint_from_training_and_worth_under_a_point() -> None:
+    domain = load_registry(None).get("arithmetic_sum3")
+    heldout = HeldoutSet.of(domain)
+    keys = {p.key for p in heldout.problems}
+    trained = {p.key for p in domain.problems(20_000, split="train", seed=3)}
+    assert len(keys) == len(heldout.problems) > 100  # one problem < 1 point
+    assert not keys & trained and len(trained | keys) == 1000  # every a+b+c, once
+    # No constant answer does well: chance is the most common sum's share.
+    assert 0.05 < heldout.chance < 0.12
+
+
+def test_eval_tasks_are_greedy_and_sampled_at_the_eval_tier() -> None:
+    heldout = HeldoutSet.of(load_registry(None).get("arithmetic_sum3"), limit=3)
+    tasks = heldout.tasks("ev1", samples=4)
+    assert [t.id for t in tasks] == [
+        "ev1-0-g",
+        "ev1-0-s",
+        "ev1-1-g",
+        "ev1-1-s",
+        "ev1-2-g",
+        "ev1-2-s",
+    ]
+    assert {t.tier for t in tasks} == {EVAL_TIER}
+    assert all(t.metadata["split"] == "eval" for t in tasks)
+    greedy, sampled = tasks[0], tasks[1]
+    assert (greedy.n, greedy.sampling.temperature) == (1, 0.0)
+    assert (sampled.n, sampled.sampling.temperature) == (4, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [(4, 0, 4, 0.0), (4, 4, 1, 1.0), (4, 1, 1, 0.25), (4, 1, 2, 0.5), (5, 2, 2, 1 - 3 / 10)],
+)
+def test_pass_at_k_is_the_unbiased_estimator(n: int, c: int, k: int, expected: float) -> None:
+    assert math.isclose(pass_at_k(n, c, k), expected)
+
+
+def _scored(task_id: str, index: int, reward: float, version: int = 3) -> ScoredRollout:
+    task = Task(id=task_id, domain="d", prompt=[ChatMessage(role="user", content="q")])
+    rollout = Rollout(
+        id=f"{task_id}/{index}",
+        task=task,
+        sample_index=index,
+        tokens=pack_i32([1, 2]),
+        prompt_len=1,
+        logprobs=pack_f32([-0.1]),
+        loss_mask=pack_u8([1]),
+        segments=[Segment(start=0, end=1, version=version)],
+    )
+    return ScoredRollout(id=rollout.id, rollout=rollout, reward=reward)
+
+
+def test_an_evaluation_reports_greedy_sampled_and_pass_at_k() -> None:
+    heldout = HeldoutSet.of(load_registry(None).get("arithmetic_sum3"), limit=2)
+    run = Evaluation(prefix="ev", heldout=heldout, samples=2, elapsed_s=12.3)
+    for item in [
+        _scored("ev-0-g", 0, 1.0),
+        _scored("ev-1-g", 0, 0.0),
+        _scored("ev-0-s", 0, 1.0),
+        _scored("ev-0-s", 1, 0.0),
+        _scored("ev-1-s", 0, 0.0),
+        _scored("other-1-g", 0, 1.0),  # another evaluation's: ignored
+    ]:
+        run.add(item)
+    assert not run.done()
+    failed = _scored("ev-1-s", 1, 0.0)
+    run.add(ScoredRollout(id=failed.id, rollout=failed.rollout, status=ScoreStatus.INFRA_FAILURE))
+    assert run.done()
+    result = run.result()
+    assert result["greedy_accuracy"] == 0.5 and result["problems"] == 2
+    assert result["sampled_accuracy"] == pytest.approx(1 / 3) and result["failed"] == 1
+    assert result["pass_at_2"] == pytest.approx((1.0 + 0.0) / 2)
+    assert result["version"] == 3 and result["elapsed_s"] == 12.3
