@@ -84,13 +84,18 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[str]) -> torch.T
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logprob of each next token: ``[B, T-1]`` from logits ``[B, T, V]`` and tokens ``[B, T]``."""
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logprobs.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return target_logprobs(logits[:, :-1], tokens[:, 1:])
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each next-token distribution: ``[B, T-1]`` from logits ``[B, T, V]``."""
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Logprob of ``targets`` ``[B, L]`` under ``logits`` ``[B, L, V]`` (already aligned)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each distribution: ``[B, L]`` from logits ``[B, L, V]``."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
     return -(logprobs.exp() * logprobs).sum(-1)
 
 

@@ -28,10 +28,10 @@ from services.learner.loss import (
     LossConfig,
     LossStats,
     TokenTerms,
+    entropy,
     group_advantages,
     policy_loss,
-    token_entropy,
-    token_logprobs,
+    target_logprobs,
 )
 from services.runtime.logs import get_logger
 from services.runtime.weights import directory_digest
@@ -105,8 +105,14 @@ class Exported:
 
 @dataclass(frozen=True, kw_only=True)
 class _Rows:
+    """Right-padded sequences; per-token arrays cover the positions from ``first`` on,
+    where ``first`` is the earliest position whose next token is trained (the shortest
+    prompt's last token): the prompts before it need no logits, which skips most of the
+    vocabulary projection when prompts are long and completions short."""
+
     tokens: torch.Tensor
     attention: torch.Tensor
+    first: int
     behaviour: torch.Tensor
     mask: torch.Tensor
     advantages: torch.Tensor
@@ -115,10 +121,14 @@ class _Rows:
         return _Rows(
             tokens=self.tokens[index],
             attention=self.attention[index],
+            first=self.first,
             behaviour=self.behaviour[index],
             mask=self.mask[index],
             advantages=self.advantages[index],
         )
+
+    def targets(self, rows: slice) -> torch.Tensor:
+        return self.tokens[rows, self.first + 1 :]
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -223,17 +233,15 @@ class Trainer:
 
     def _backward(self, part: _Part, micro: slice, total: int) -> LossStats:
         rows = part.rows
-        tokens = rows.tokens[micro]
-        logits = self.model(input_ids=tokens, attention_mask=rows.attention[micro]).logits
-        current = token_logprobs(logits, tokens)
+        logits = _completion_logits(self.model, rows, micro)
+        current = target_logprobs(logits, rows.targets(micro))
         wants_entropy = bool(self.config.loss.entropy_coef)
-        entropy = token_entropy(logits if wants_entropy else logits.detach())
         terms = TokenTerms(
             current=current,
             proximal=current.detach() if part.proximal is None else part.proximal[micro],
             behaviour=rows.behaviour[micro],
             mask=rows.mask[micro],
-            entropy=entropy,
+            entropy=entropy(logits if wants_entropy else logits.detach()),
             reference=None if part.reference is None else part.reference[micro],
         )
         loss, stats = policy_loss(terms, rows.advantages[micro], self.config.loss)
@@ -247,10 +255,7 @@ class Trainer:
         was_training = model.training
         model.eval()
         out = [
-            token_logprobs(
-                model(input_ids=rows.tokens[s], attention_mask=rows.attention[s]).logits,
-                rows.tokens[s],
-            )
+            target_logprobs(_completion_logits(model, rows, s), rows.targets(s))
             for s in _slices(len(rows), self.config.micro_batch)
         ]
         model.train(was_training)
@@ -283,11 +288,13 @@ class Trainer:
                 unpack_u8(item.rollout.loss_mask).astype("float32")
             )
         device = self.device
+        first = min(i.rollout.prompt_len for i in chosen) - 1
         return _Rows(
             tokens=tokens.to(device),
             attention=attention.to(device),
-            behaviour=behaviour.to(device),
-            mask=mask.to(device),
+            first=first,
+            behaviour=behaviour[:, first:].to(device),
+            mask=mask[:, first:].to(device),
             advantages=advantages[keep].to(device),
         )
 
@@ -443,6 +450,15 @@ class _ModelLimits:
         if not math.isfinite(item.reward):
             return f"reward is {item.reward}"
         return None
+
+
+def _completion_logits(model: Any, rows: _Rows, part: slice) -> torch.Tensor:
+    """Next-token logits ``[B, L]`` of the positions from ``rows.first`` on only."""
+    hidden = model.base_model(
+        input_ids=rows.tokens[part], attention_mask=rows.attention[part]
+    ).last_hidden_state
+    logits: torch.Tensor = model.get_output_embeddings()(hidden[:, rows.first : -1])
+    return logits
 
 
 def _slices(total: int, size: int) -> list[slice]:

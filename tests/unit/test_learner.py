@@ -242,3 +242,30 @@ def test_a_non_finite_loss_skips_the_update(tiny_model: Path, tmp_path: Path) ->
     assert result.skipped and result.updates == 0 and trainer.step == 0
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value.nan_to_num(), before[name].nan_to_num()), name
+
+
+def test_completion_logits_match_a_full_forward_pass(tiny_model: Path, tmp_path: Path) -> None:
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(skip_zero_advantage=False))
+    short = _item("s", 0, [22, 23, 24], 1.0, -7.0)
+    long_prompt = [*PROMPT, 309, 310]
+    task = short.rollout.task
+    rollout = Rollout(
+        id="l/0",
+        task=task,
+        sample_index=0,
+        tokens=pack_i32([*long_prompt, 40, 41]),
+        prompt_len=len(long_prompt),
+        logprobs=pack_f32([-7.0, -7.0]),
+        loss_mask=pack_u8([1, 1]),
+    )
+    items = [short, ScoredRollout(id="l/0", rollout=rollout, reward=0.0)]
+    rows = trainer._rows(items)
+    assert rows is not None and rows.first == len(PROMPT) - 1
+    got = trainer._logprobs(trainer.model, rows)
+    for row, ids in enumerate([[*PROMPT, 22, 23, 24], [*long_prompt, 40, 41]]):
+        tokens = torch.tensor([ids])
+        with torch.no_grad():
+            full = token_logprobs(trainer.model(input_ids=tokens).logits, tokens)[0, rows.first :]
+        trained = rows.mask[row, : len(full)].bool()
+        assert int(trained.sum()) == (3, 2)[row]  # the completion's tokens, no more
+        assert torch.allclose(got[row, : len(full)][trained], full[trained], atol=1e-5)
