@@ -126,7 +126,7 @@ def _trl_spec(model: Path, minutes: float, threads: int) -> dict[str, Any]:
     }
 
 
-def run_temper(out: Path, minutes: float) -> tuple[Side, dict[str, float]]:
+def run_temper(out: Path, minutes: float) -> tuple[Side, dict[str, float], dict[str, float]]:
     run = out / "temper"
     command = [*TEMPER, "train", "--run-dir", str(run), "--minutes", str(minutes)]
     cpu: dict[int, tuple[str, float]] = {}
@@ -149,7 +149,19 @@ def run_temper(out: Path, minutes: float) -> tuple[Side, dict[str, float]]:
         rewards=[float(s["reward_mean"]) for s in steps],
         curve=[(float(h["elapsed_s"]), float(h["greedy_accuracy"])) for h in heldout],
     )
-    return side, {f"{name} (pid {pid})": used for pid, (name, used) in cpu.items()}
+    usage = {f"{name} (pid {pid})": used for pid, (name, used) in cpu.items()}
+    return side, usage, stage_means(steps)
+
+
+def stage_means(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per learner stage, and between steps (the learner's cycle)."""
+    means = {
+        key[len("time_") :]: statistics.fmean(s.get(key, 0.0) for s in steps)
+        for key in sorted({k for s in steps for k in s if k.startswith("time_")})
+    }
+    if len(steps) > 1:
+        means["cycle"] = (steps[-1]["at"] - steps[0]["at"]) / (len(steps) - 1)
+    return means
 
 
 def _sample_cpu(cpu: dict[int, tuple[str, float]]) -> None:
@@ -166,7 +178,9 @@ def _heldout() -> HeldoutSet:
     return HeldoutSet.of(load_registry(None).get(DOMAIN))
 
 
-def report(trl: Side, temper: Side, cpu: dict[str, float], start_offline: float) -> None:
+def report(
+    trl: Side, temper: Side, cpu: dict[str, float], stages: dict[str, float], start_offline: float
+) -> None:
     print("\n== end to end, same start policy, same budget")
     for side in (trl, temper):
         first = statistics.fmean(side.rewards[:10]) if side.rewards else 0.0
@@ -183,6 +197,9 @@ def report(trl: Side, temper: Side, cpu: dict[str, float], start_offline: float)
     total = sum(cpu.values()) or 1.0
     shares = ", ".join(f"{name} {used:.0f} s ({used / total:.0%})" for name, used in cpu.items())
     print(f"Temper CPU by process: {shares}")
+    cycle = stages.pop("cycle", 0.0)
+    parts = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in stages.items())
+    print(f"Temper learner step: {cycle * 1000:.0f} ms between steps; {parts}")
     target = trl.curve[-1][1] if trl.curve else 0.0
     reached = next((t for t, a in temper.curve if a >= target), None)
     if reached is None:
@@ -211,8 +228,8 @@ def main() -> int:
     model = prepare(args.out)
     start_offline = heldout_greedy_accuracy(model, _heldout())
     trl = run_trl(args.out, model, args.minutes, args.trl_threads)
-    temper, cpu = run_temper(args.out, args.minutes)
-    report(trl, temper, cpu, start_offline)
+    temper, cpu, stages = run_temper(args.out, args.minutes)
+    report(trl, temper, cpu, stages, start_offline)
     return 0
 
 

@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="temper-bench-sglang-") as tmp:
         model = args.model
         if model is None:
-            from services.generator.model import init_model
+            from services.model.tiny import init_model
 
             model = init_model(Path(tmp) / "policy")
         asyncio.run(bench(python, model, args.turns))

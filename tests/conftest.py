@@ -75,6 +75,6 @@ def sandbox_image() -> str:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2 policy of ``temper model init`` (HF format, float32), built once."""
-    from services.generator.model import init_model
+    from services.model.tiny import init_model
 
     return init_model(tmp_path_factory.mktemp("tiny-model") / "policy")

@@ -23,7 +23,7 @@ def register(commands: Any) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from services.generator.model import ModelDirError, TinyModelSpec, init_model
+    from services.model.tiny import ModelDirError, TinyModelSpec, init_model
 
     if args.hidden % 4 or args.hidden <= 0 or args.layers <= 0 or args.vocab < 300:
         raise CliError("need --hidden a positive multiple of 4, --layers >= 1, --vocab >= 300", 2)

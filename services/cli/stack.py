@@ -116,7 +116,7 @@ def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, st
     if not (model / "config.json").is_file():
         if args.model is not None:
             raise CliError(f"{model}: not a model directory (no config.json)", 2)
-        from services.generator.model import init_model
+        from services.model.tiny import init_model
 
         _say(f"no policy yet: building the tiny one in {model} (temper model init)")
         init_model(model, force=True)

@@ -26,6 +26,12 @@ from protocol.messages import (
 )
 
 Split = Literal["train", "eval"]
+#: What training does with a sample cut at the token limit: train on it as it is
+#: (``keep``), or leave it out of the loss (``filter``, DAPO's overlong filtering: a
+#: rollout that never stopped teaches nothing about stopping, and its reward, earned by
+#: an answer early in it, would otherwise reinforce running on).
+Overlong = Literal["keep", "filter"]
+OVERLONG: Final[tuple[Overlong, ...]] = ("keep", "filter")
 SPLITS: Final[tuple[Split, ...]] = ("train", "eval")
 #: Longest task id the protocol accepts (ids are subject tokens).
 _MAX_ID: Final = 128
@@ -134,6 +140,7 @@ class Domain:
     tier: int = DEFAULT_TIER
     #: A scored rollout "passes" when its reward reaches this (per-domain pass rate).
     pass_threshold: float = 1.0
+    overlong: Overlong = "keep"
     #: The family or built-in kind that made the domain (``arithmetic``, ``jsonl``, ...).
     kind: str = ""
     description: str = ""
@@ -160,6 +167,8 @@ class Domain:
                 raise DomainError(self.name, f"{what} must be at least 1, not {value}")
         if not 1 <= self.samples <= 4096:
             raise DomainError(self.name, f"samples {self.samples} is outside 1..4096")
+        if self.overlong not in OVERLONG:
+            raise DomainError(self.name, f"overlong {self.overlong!r} is not one of {OVERLONG}")
 
     def split_of(self, problem: Problem) -> Split:
         if problem.split is not None:
@@ -196,6 +205,8 @@ class Domain:
 
     def task(self, problem: Problem, split: Split, seed: int, index: int) -> Task:
         metadata = {**problem.metadata, "key": problem.key, "split": split}
+        if self.overlong != "keep":
+            metadata["overlong"] = self.overlong
         return Task(
             id=self._task_id(split, seed, index),
             domain=self.name,

@@ -92,5 +92,7 @@ def domain(name: str, params: Mapping[str, Any]) -> Domain:
         prompt=PromptFormat(system=system, template="{question}="),
         validators=(ValidatorSpec(kind="math", params={"extract": source.style}),),
         max_tokens=8 + 2 * source.digits * source.terms,
+        # An answer is a few tokens: a completion that reaches the limit ran on after it.
+        overlong="filter",
         description=f"{source.op} of {source.terms} numbers of up to {source.digits} digits",
     )

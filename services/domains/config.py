@@ -78,6 +78,7 @@ class Overrides(_Config):
     samples: int | None = None
     tier: int | None = None
     pass_threshold: float | None = None
+    overlong: str | None = None
     description: str | None = None
 
 
@@ -146,7 +147,7 @@ def build(declaration: Declaration, defaults: Overrides, base: Path, kinds: Kind
 
 #: Fields an override replaces as they are.
 _SCALARS: tuple[str, ...] = ("eval_fraction", "max_tokens", "max_turns", "samples", "tier")
-_SCALARS += ("pass_threshold", "description")
+_SCALARS += ("pass_threshold", "overlong", "description")
 
 
 def apply(domain: Domain, overrides: Overrides) -> Domain:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from services.evaluation.heldout import HeldoutSet
-from services.generator.tokens import ChatTokenizer
+from services.model.tokens import ChatTokenizer
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

@@ -32,8 +32,8 @@ from services.generator.engine import (
     Sample,
     Sampling,
 )
-from services.generator.tokens import ChatTokenizer
 from services.generator.tools import ToolBox, ToolInfraError, ToolSession, parse_tool_call
+from services.model.tokens import ChatTokenizer
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 

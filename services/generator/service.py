@@ -33,8 +33,8 @@ from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, LoopLimits
 from services.generator.engine import Engine, EngineError
 from services.generator.settings import GeneratorSettings
-from services.generator.tokens import ChatTokenizer
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
+from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.jetstream import ConsumerSpec
 from services.runtime.priority import PriorityGate

@@ -13,8 +13,10 @@ from services.learner.trainer import StepResult
 _NOT_SCALARS = frozenset({"step", "version", "at", "reward_by_domain"})
 
 
-def step_line(result: StepResult, version: int, dropped_stale: int) -> dict[str, Any]:
-    """The metrics.jsonl line of one learner step."""
+def step_line(
+    result: StepResult, version: int, dropped_stale: int, seconds: dict[str, float]
+) -> dict[str, Any]:
+    """The metrics.jsonl line of one learner step (``time_<stage>``: seconds per stage)."""
     return {
         "step": result.step,
         "version": version,
@@ -30,6 +32,7 @@ def step_line(result: StepResult, version: int, dropped_stale: int) -> dict[str,
         "completion_len": result.completion_len,
         "truncated": result.truncated,
         **{f"loss_{k}": v for k, v in asdict(result.loss).items()},
+        **{f"time_{stage}": round(value, 6) for stage, value in seconds.items()},
         "at": time.time(),
     }
 

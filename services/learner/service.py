@@ -26,6 +26,7 @@ from protocol.errors import DecodeError
 from protocol.messages import Batch, ErrorReply, PolicyUpdate, SampleRequest
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
+from services.learner.timing import Stages
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
@@ -132,18 +133,21 @@ class LearnerService(Service):
 
     async def _train_loop(self) -> None:
         while True:
-            batch = await self._next_batch()
+            stages = Stages()
+            with stages.stage("batch"):
+                batch = await self._next_batch()
             if batch is None or len(batch.items) < self.settings.min_samples:
                 await asyncio.sleep(0.2 if batch is not None else 1.0)
                 continue
-            result = await asyncio.to_thread(self.trainer.train, batch.items)
+            with stages.stage("train"):
+                result = await asyncio.to_thread(self.trainer.train, batch.items)
             self._account(result)
             if result.skipped:
                 await self._report_progress()
                 continue
             self.last = result
-            self._record(result, batch)
-            await self._after_step(result.step)
+            await self._after_step(result.step, stages)
+            self._record(result, batch, {**stages.seconds, **result.seconds})
 
     def _account(self, result: StepResult) -> None:
         self.refused += len(result.refused)
@@ -181,12 +185,15 @@ class LearnerService(Service):
             return None
         return answer
 
-    async def _after_step(self, step: int) -> None:
+    async def _after_step(self, step: int, stages: Stages) -> None:
         if step % self.settings.publish_every == 0:
-            exported = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
-            await self._announce(exported)
+            with stages.stage("export"):
+                exported = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
+            with stages.stage("publish"):
+                await self._announce(exported)
         if step % self.settings.checkpoint_every == 0:
-            await asyncio.to_thread(self.trainer.save_checkpoint)
+            with stages.stage("checkpoint"):
+                await asyncio.to_thread(self.trainer.save_checkpoint)
 
     async def _report_progress(self) -> None:
         """After a batch that changed no weight: the same version, with what was consumed,
@@ -216,8 +223,8 @@ class LearnerService(Service):
         if self._scalars is not None:
             self._scalars.close()
 
-    def _record(self, result: StepResult, batch: Batch) -> None:
-        line = step_line(result, self.trainer.version, batch.dropped_stale)
+    def _record(self, result: StepResult, batch: Batch, seconds: dict[str, float]) -> None:
+        line = step_line(result, self.trainer.version, batch.dropped_stale, seconds)
         with (self.settings.out_dir / "metrics.jsonl").open("a") as out:
             out.write(json.dumps(line) + "\n")
         if self._scalars is not None:

@@ -33,6 +33,7 @@ from services.learner.loss import (
     policy_loss,
     target_logprobs,
 )
+from services.learner.timing import Stages
 from services.runtime.logs import get_logger
 from services.runtime.weights import directory_digest
 
@@ -94,6 +95,9 @@ class StepResult:
     completion_len: float
     #: Share of samples cut at the token limit.
     truncated: float
+    #: Seconds per stage of the step: ``rows`` (unpacking), ``proximal`` and ``reference``
+    #: (no-grad passes), ``updates`` (forward, backward and optimizer steps).
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,19 +185,33 @@ class Trainer:
         refused = [r for r in (self._limits.problem(i) for i in items) if r is not None]
         bad = {r.rollout_id for r in refused}
         valid = [i for i in items if i.id not in bad]
-        rows = self._rows(valid) if valid else None
+        stages = Stages()
+        with stages.stage("rows"):
+            rows = self._rows(valid) if valid else None
         parts: list[LossStats] = []
         if rows is not None and len(rows):
-            parts = self._optimise(rows)
+            parts = self._optimise(rows, stages)
         applied = len(parts)
         if applied:
             self.step += 1
-        return self._result(items, valid, rows, parts, refused)
+        result = self._result(items, valid, rows, parts, refused)
+        return dataclasses.replace(result, seconds=stages.seconds)
 
-    def _optimise(self, rows: _Rows) -> list[LossStats]:
+    def _optimise(self, rows: _Rows, stages: Stages) -> list[LossStats]:
         """``epochs * minibatches`` clipped updates; the statistics of those applied."""
-        proximal = self._logprobs(self.model, rows) if self.config.updates > 1 else None
-        reference = self._logprobs(self.reference, rows) if self.reference is not None else None
+        proximal = reference = None
+        if self.config.updates > 1:
+            with stages.stage("proximal"):
+                proximal = self._logprobs(self.model, rows)
+        if self.reference is not None:
+            with stages.stage("reference"):
+                reference = self._logprobs(self.reference, rows)
+        with stages.stage("updates"):
+            return self._updates(rows, proximal, reference)
+
+    def _updates(
+        self, rows: _Rows, proximal: torch.Tensor | None, reference: torch.Tensor | None
+    ) -> list[LossStats]:
         applied: list[LossStats] = []
         for _ in range(self.config.epochs):
             for index in self._minibatches(len(rows)):
@@ -264,6 +282,7 @@ class Trainer:
     def _rows(self, items: list[ScoredRollout]) -> _Rows | None:
         advantages = group_advantages([i.reward for i in items], [i.rollout.task.id for i in items])
         keep = list(range(len(items)))
+        keep = [row for row in keep if not _filtered(items[row])]
         if self.config.skip_zero_advantage and not self._regularised():
             keep = [row for row in keep if advantages[row] != 0]
         if not keep:
@@ -459,6 +478,15 @@ def _completion_logits(model: Any, rows: _Rows, part: slice) -> torch.Tensor:
     ).last_hidden_state
     logits: torch.Tensor = model.get_output_embeddings()(hidden[:, rows.first : -1])
     return logits
+
+
+def _filtered(item: ScoredRollout) -> bool:
+    """Cut at the token limit in a domain that leaves such samples out of the loss."""
+    rollout = item.rollout
+    return (
+        rollout.finish_reason is FinishReason.LENGTH
+        and rollout.task.metadata.get("overlong") == "filter"
+    )
 
 
 def _slices(total: int, size: int) -> list[slice]:

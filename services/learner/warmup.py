@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from services.domains import Domain
-from services.generator.tokens import ChatTokenizer
+from services.model.tokens import ChatTokenizer
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -158,7 +158,7 @@ def init_reward_model(path: Path, *, hidden_size: int = 32, layers: int = 2, see
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from services.generator.model import PAD_TOKEN, build_tokenizer
+    from services.model.tiny import PAD_TOKEN, build_tokenizer
 
     tokenizer = build_tokenizer(512, seed)
     pad = tokenizer.convert_tokens_to_ids(PAD_TOKEN)

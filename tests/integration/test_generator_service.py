@@ -23,9 +23,9 @@ from protocol.messages import (
     WeightSyncAck,
 )
 from protocol.packed import pack_i32
-from services.generator.model import TinyModelSpec, init_model
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
+from services.model.tiny import TinyModelSpec, init_model
 from services.runtime.weights import directory_digest
 from tests.integration.support import client, runtime, stream_count
 

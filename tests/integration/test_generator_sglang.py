@@ -16,8 +16,8 @@ from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.generator.sglang_engine import SGLangEngine
 from services.generator.sglang_server import SGLangServer
-from services.generator.tokens import ChatTokenizer
 from services.generator.torch_engine import TorchEngine
+from services.model.tokens import ChatTokenizer
 from tests.integration.support import client, runtime
 
 

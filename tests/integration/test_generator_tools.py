@@ -16,8 +16,8 @@ from nats.aio.client import Client as NATS
 
 from protocol.messages import ChatMessage, RolloutStatus, SamplingParams, Task
 from services.generator.agent import AgentLoop
-from services.generator.tokens import ChatTokenizer
 from services.generator.tools import SandboxTools, ToolCallRequest, ToolInfraError
+from services.model.tokens import ChatTokenizer
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings

@@ -69,6 +69,9 @@ async def test_policy_versions_flow_back_to_the_generator(
             min_samples=4,
             sample_wait_s=0.5,
             lr=1e-3,
+            # A random policy scores 0 everywhere: without this, a batch with no advantage
+            # changes no weight and is not a step.
+            skip_zero_advantage=False,
             # Every version stays on disk: the learner may publish several before the checks.
             keep_versions=1000,
         )

@@ -280,7 +280,7 @@ def test_up_refuses_a_model_dir_without_config(
 
 def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
     from services.cli.stack import policy_env
-    from services.generator.model import init_model
+    from services.model.tiny import init_model
 
     model = init_model(tmp_path / "m")
     args = build_parser().parse_args(

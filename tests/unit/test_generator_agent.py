@@ -25,8 +25,8 @@ from services.generator.engine import (
     InvalidRequestError,
     Sample,
 )
-from services.generator.tokens import ChatTokenizer
 from services.generator.tools import LocalTools, ToolInfraError, parse_tool_call
+from services.model.tokens import ChatTokenizer
 
 
 class ScriptedEngine:

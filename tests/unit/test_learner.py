@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 from protocol.messages import (
     ChatMessage,
+    FinishReason,
     Rollout,
     ScoredRollout,
     ScoreStatus,
@@ -269,3 +271,26 @@ def test_completion_logits_match_a_full_forward_pass(tiny_model: Path, tmp_path:
         trained = rows.mask[row, : len(full)].bool()
         assert int(trained.sum()) == (3, 2)[row]  # the completion's tokens, no more
         assert torch.allclose(got[row, : len(full)][trained], full[trained], atol=1e-5)
+
+
+def test_truncated_samples_leave_the_loss_where_the_domain_filters_them(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    def cut(item: ScoredRollout, overlong: str) -> ScoredRollout:
+        task = Task(**{**_task_fields(item.rollout.task), "metadata": {"overlong": overlong}})
+        rollout = msgspec.structs.replace(
+            item.rollout, task=task, finish_reason=FinishReason.LENGTH
+        )
+        return msgspec.structs.replace(item, rollout=rollout)
+
+    stopped = _item("g", 0, [22, 23], 0.0, -7.0)
+    filtered = cut(_item("g", 1, [40, 41], 1.0, -7.0), "filter")
+    kept = cut(_item("g", 2, [40, 42], 1.0, -7.0), "keep")
+    result = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3)).train([stopped, filtered, kept])
+    # The filtered sample still counts in its group's advantages, never in the loss.
+    assert (result.samples, result.trained, result.loss.tokens) == (3, 2, 4)
+    assert result.truncated == pytest.approx(2 / 3)
+
+
+def _task_fields(task: Task) -> dict[str, object]:
+    return {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}

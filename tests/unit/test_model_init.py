@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from services.cli import main
-from services.generator.model import SPECIAL_TOKENS, ModelDirError, init_model
-from services.generator.tokens import ChatTokenizer
+from services.model.tiny import SPECIAL_TOKENS, ModelDirError, init_model
+from services.model.tokens import ChatTokenizer
 from services.runtime.weights import DigestMismatch, directory_digest, verify_digest
 
 
@@ -47,7 +47,7 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path: Path) -> None
     b = init_model(tmp_path / "b")
     assert directory_digest(a) == directory_digest(b)
     verify_digest(a, directory_digest(b))
-    from services.generator.model import TinyModelSpec
+    from services.model.tiny import TinyModelSpec
 
     other = init_model(tmp_path / "other", TinyModelSpec(seed=3))
     with pytest.raises(DigestMismatch, match="digest"):
