@@ -4,7 +4,7 @@
    AdamW step) vs a bare torch forward/backward/step on the same padded tensors with the
    same token-level policy-gradient loss.  Goal (issue 11): <= 1.1x.
 2. Weight publication: the learner's export (safetensors directory, tokenizer files,
-   digest) and the torch engine's verified load of it, vs writing the same state dict with
+   digest) and the torch engine's verified load of it, vs writing the same model with
    safetensors and reading it back into a model.  Goal: <= 2x.
 
 Batches have the learning demo's shape: 256 samples of ``arithmetic_sum3`` (a 45-token
@@ -126,7 +126,7 @@ def learner_step(model_dir: Path, work: Path) -> None:
 
 
 def publication(model_dir: Path, work: Path) -> None:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_model, save_model
     from transformers import AutoModelForCausalLM
 
     from services.generator.torch_engine import TorchEngine
@@ -144,8 +144,8 @@ def publication(model_dir: Path, work: Path) -> None:
 
     def bare() -> None:
         path = work / "bare.safetensors"
-        save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items()}, str(path))
-        model.load_state_dict(load_file(str(path)), strict=False)
+        save_model(trainer.model, str(path))
+        load_model(model, str(path))
 
     mine, plain = alternate(ours, bare)
     loop.run_until_complete(engine.close())
