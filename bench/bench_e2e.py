@@ -65,9 +65,10 @@ class Side:
 def prepare(out: Path) -> Path:
     """The shared start policy (built and warmed up once per output directory)."""
     run = out / "temper"
-    for stale in ("learner", "eval", "tensorboard", "nats", "logs", "train.png"):
-        target = run / stale
-        shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(True)
+    # Only the model is reused: a learner checkpoint left here would resume the last run.
+    for stale in ("learner", "eval", "tensorboard", "nats", "logs"):
+        shutil.rmtree(run / stale, ignore_errors=True)
+    (run / "train.png").unlink(missing_ok=True)
     subprocess.run([*TEMPER, "train", "--run-dir", str(run), "--warmup-only"], check=True)
     return run / "model"
 

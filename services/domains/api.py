@@ -115,6 +115,11 @@ class Example:
     reference: str
 
 
+def is_heldout(task: Task) -> bool:
+    """A task of an eval split: evaluated, never trained on (nor held back for training)."""
+    return task.metadata.get("split") == "eval"
+
+
 def in_eval(key: str, eval_fraction: float) -> bool:
     """Deterministic split by a hash of the key: the same problem is eval in every domain."""
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()

@@ -13,6 +13,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
+
 from protocol.messages import SamplingParams, ScoredRollout, ScoreStatus, Task
 from services.domains import Domain, Problem
 
@@ -51,9 +53,7 @@ class HeldoutSet:
 
 
 def _variant(task: Task, task_id: str, n: int, sampling: SamplingParams) -> Task:
-    fields = {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
-    fields.update(id=task_id, n=n, sampling=sampling, tier=EVAL_TIER)
-    return Task(**fields)
+    return msgspec.structs.replace(task, id=task_id, n=n, sampling=sampling, tier=EVAL_TIER)
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:

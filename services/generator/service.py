@@ -29,6 +29,7 @@ from protocol.messages import (
     WeightFormat,
     WeightSyncAck,
 )
+from services.domains.api import is_heldout
 from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, LoopLimits
 from services.generator.engine import Engine, EngineError
@@ -124,7 +125,7 @@ class GeneratorService(Service):
     # ------------------------------------------------------------------ tasks
 
     async def _on_task(self, task: Task, delivery: Delivery) -> None:
-        if task.metadata.get("split") != "eval":
+        if not is_heldout(task):
             await self.admission.admit(task.n)
         rollouts = await self._rollouts_for(task)
         for rollout in rollouts:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from protocol.messages import ScoredRollout, ScoreStatus
+from services.domains.api import is_heldout
 
 Release = Callable[[], None]
 
@@ -80,7 +81,7 @@ class ReplayBuffer:
         """Hold ``item`` until it is served or dropped; False (nothing held) for a duplicate
         or a rollout of a held-out (eval split) task, which is never trained on."""
         self.counts.received += 1
-        if item.rollout.task.metadata.get("split") == "eval":
+        if is_heldout(item.rollout.task):
             self.counts.heldout += 1
             return False
         if item.id in self._held or item.id in self._gone:
