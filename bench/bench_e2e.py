@@ -37,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stack_figures import learner_stages, learner_steps, service_lines  # noqa: E402
+
 from services.domains import load_registry  # noqa: E402
 from services.evaluation.heldout import HeldoutSet  # noqa: E402
 from services.evaluation.offline import heldout_greedy_accuracy  # noqa: E402
@@ -139,7 +141,7 @@ def run_temper(out: Path, minutes: float) -> tuple[Side, dict[str, float], dict[
             if found:
                 cpu[int(found.group(2))] = (found.group(1), 0.0)
             _sample_cpu(cpu)
-    steps = [json.loads(x) for x in (run / "learner" / "metrics.jsonl").read_text().splitlines()]
+    steps = learner_steps(run)
     heldout = [json.loads(x) for x in (run / "eval" / "heldout.jsonl").read_text().splitlines()]
     seconds = minutes * 60
     side = Side(
@@ -151,18 +153,7 @@ def run_temper(out: Path, minutes: float) -> tuple[Side, dict[str, float], dict[
         curve=[(float(h["elapsed_s"]), float(h["greedy_accuracy"])) for h in heldout],
     )
     usage = {f"{name} (pid {pid})": used for pid, (name, used) in cpu.items()}
-    return side, usage, stage_means(steps)
-
-
-def stage_means(steps: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean seconds per learner stage, and between steps (the learner's cycle)."""
-    means = {
-        key[len("time_") :]: statistics.fmean(s.get(key, 0.0) for s in steps)
-        for key in sorted({k for s in steps for k in s if k.startswith("time_")})
-    }
-    if len(steps) > 1:
-        means["cycle"] = (steps[-1]["at"] - steps[0]["at"]) / (len(steps) - 1)
-    return means
+    return side, usage, learner_stages(steps)
 
 
 def _sample_cpu(cpu: dict[int, tuple[str, float]]) -> None:
@@ -180,7 +171,12 @@ def _heldout() -> HeldoutSet:
 
 
 def report(
-    trl: Side, temper: Side, cpu: dict[str, float], stages: dict[str, float], start_offline: float
+    trl: Side,
+    temper: Side,
+    cpu: dict[str, float],
+    stages: dict[str, float],
+    start_offline: float,
+    run_dir: Path,
 ) -> None:
     print("\n== end to end, same start policy, same budget")
     for side in (trl, temper):
@@ -201,6 +197,8 @@ def report(
     cycle = stages.pop("cycle", 0.0)
     parts = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in stages.items())
     print(f"Temper learner step: {cycle * 1000:.0f} ms between steps; {parts}")
+    for line in service_lines(run_dir, BATCH):
+        print(f"Temper {line}")
     target = trl.curve[-1][1] if trl.curve else 0.0
     reached = next((t for t, a in temper.curve if a >= target), None)
     if reached is None:
@@ -230,7 +228,7 @@ def main() -> int:
     start_offline = heldout_greedy_accuracy(model, _heldout())
     trl = run_trl(args.out, model, args.minutes, args.trl_threads)
     temper, cpu, stages = run_temper(args.out, args.minutes)
-    report(trl, temper, cpu, stages, start_offline)
+    report(trl, temper, cpu, stages, start_offline, args.out / "temper")
     return 0
 
 

@@ -3,9 +3,11 @@
 1. A learner step (``Trainer.train``: unpacking the rollouts, advantages, the loss, one
    AdamW step) vs a bare torch forward/backward/step on the same padded tensors with the
    same token-level policy-gradient loss.  Goal (issue 11): <= 1.1x.
-2. Weight publication: the learner's export (safetensors directory, tokenizer files,
-   digest) and the torch engine's verified load of it, vs writing the same model with
-   safetensors and reading it back into a model.  Goal: <= 2x.
+2. Weight publication: the learner's export (safetensors serialized once in memory and
+   digested there, the start model's config and tokenizer files linked beside it), the
+   generator's digest check, and the torch engine's verified load, vs writing the same
+   model with safetensors and reading it back into a model.  Goal: <= 2x.  Each side's
+   parts are printed: where the time goes.
 
 Batches have the learning demo's shape: 256 samples of ``arithmetic_sum3`` (a 45-token
 prompt, about 9 completion tokens), rewards of half the groups mixed.  Alternating
@@ -36,7 +38,8 @@ from services.domains import load_registry  # noqa: E402
 from services.learner.trainer import Trainer, TrainerConfig  # noqa: E402
 from services.model.tiny import init_model  # noqa: E402
 from services.model.tokens import ChatTokenizer  # noqa: E402
-from services.runtime.weights import directory_digest, verify_digest  # noqa: E402
+from services.runtime.stages import Stages  # noqa: E402
+from services.runtime.weights import verify_digest  # noqa: E402
 
 ROUNDS, GROUP, BATCH = 7, 8, 256
 
@@ -137,20 +140,35 @@ def publication(model_dir: Path, work: Path) -> None:
     loop.run_until_complete(engine.start())
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
 
+    parts, bare_parts = Stages(), Stages()
+
     def ours() -> None:
-        exported = trainer.export(keep=2)
-        verify_digest(exported.path, directory_digest(exported.path))
-        loop.run_until_complete(engine.load_weights(exported.version, str(exported.path)))
+        with parts.stage("export"):
+            exported = trainer.export(keep=2)
+        with parts.stage("digest check"):
+            verify_digest(exported.path, exported.digest)
+        with parts.stage("engine load"):
+            loop.run_until_complete(engine.load_weights(exported.version, str(exported.path)))
 
     def bare() -> None:
         path = work / "bare.safetensors"
-        save_model(trainer.model, str(path))
-        load_model(model, str(path))
+        with bare_parts.stage("save"):
+            save_model(trainer.model, str(path))
+        with bare_parts.stage("load"):
+            load_model(model, str(path))
 
     mine, plain = alternate(ours, bare)
     loop.run_until_complete(engine.close())
     loop.close()
     line("weight publication (export + digest + engine load)", mine, plain, 2.0)
+    print(f"  where it goes: ours {_means(parts)}; bare {_means(bare_parts)}")
+
+
+def _means(stages: Stages) -> str:
+    return ", ".join(
+        f"{name} {seconds / stages.counts[name] * 1000:.1f} ms"
+        for name, seconds in stages.seconds.items()
+    )
 
 
 def main() -> int:

@@ -361,6 +361,9 @@ class SampleRequest(Message, tag="sample_request"):
     whole_groups: bool = True
     #: How long the buffer may wait to fill the batch.
     wait_s: NonNegFloat = 0.0
+    #: Serve nothing unless this many samples are ready within ``wait_s``: a batch too
+    #: small to train on stays in the buffer instead of being handed out and lost.
+    min_samples: NonNegInt = 0
 
 
 class Batch(Message, tag="batch"):

@@ -101,6 +101,11 @@ def stats(service: str) -> str:
     return f"{PREFIX}.control.stats.{token(service, 'service')}"
 
 
+def stats_all() -> str:
+    """Every service's Stats."""
+    return f"{PREFIX}.control.stats.*"
+
+
 def health(service: str) -> str:
     """Request/reply: every instance of ``service`` answers with a Heartbeat."""
     return f"{PREFIX}.control.health.{token(service, 'service')}"

@@ -26,6 +26,7 @@ from protocol import subjects
 from protocol.codec import encode
 from protocol.messages import Task
 from services.cli.common import CliError, connect, run, stop_event
+from services.cli.stack_stats import LastStats
 from services.cli.train_view import Progress, heldout_line, plot, say, summary
 from services.evaluation.heldout import HeldoutSet
 from services.evaluation.runner import HeldoutRunner
@@ -46,6 +47,9 @@ def register(commands: Any) -> None:
     train.add_argument("--nats-port", type=int, default=4223)
     train.add_argument("--domain", default="arithmetic_sum3")
     train.add_argument("--minutes", type=float, default=10.0, help="train for this long")
+    train.add_argument(
+        "--max-steps", type=int, default=0, help="stop after this many learner steps (0: no limit)"
+    )
     train.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
     train.add_argument("--in-flight", type=int, default=64, help="tasks kept outstanding")
     train.add_argument("--batch", type=int, default=256, help="samples per learner step")
@@ -55,7 +59,8 @@ def register(commands: Any) -> None:
         "--max-staleness",
         type=int,
         default=2,
-        help="policy versions a sample may lag the learner (admission and replay bound)",
+        help="policy versions a sample may lag the learner when trained on (admission and "
+        "replay bound); 0 trains on-policy: generation waits for each new version",
     )
     train.add_argument("--warmup-steps", type=int, default=600, help="most supervised steps")
     train.add_argument(
@@ -65,7 +70,10 @@ def register(commands: Any) -> None:
         help="the warm-up stops when greedy accuracy on train problems reaches this",
     )
     train.add_argument(
-        "--eval-every", type=int, default=40, help="held-out evaluation every N policy versions"
+        "--eval-every",
+        type=int,
+        default=40,
+        help="held-out evaluation every N policy versions (0: only at the start and the end)",
     )
     train.add_argument(
         "--eval-samples", type=int, default=4, help="sampled answers per held-out problem (pass@k)"
@@ -83,6 +91,7 @@ class TrainPlan:
     nats_port: int
     domain: str
     minutes: float
+    max_steps: int
     group: int
     in_flight: int
     batch: int
@@ -101,6 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         nats_port=args.nats_port,
         domain=args.domain,
         minutes=args.minutes,
+        max_steps=args.max_steps,
         group=args.group,
         in_flight=args.in_flight,
         batch=args.batch,
@@ -190,14 +200,16 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         # Two busy processes on two cores: one torch thread each, so neither's thread pool
         # spins waiting for a core the other holds.
         "TEMPER_GENERATOR_THREADS": "1",
-        # Admission by staleness: never more ahead of the learner than it may train on.
-        "TEMPER_GENERATOR_ADMISSION_SAMPLES": str(plan.batch * plan.max_staleness),
+        # Admission by staleness: a sample started at version v is trained on at a version
+        # up to (room / batch - 1) later, so (staleness + 1) batches of room keep every
+        # sample within the bound; one batch makes the loop synchronous.
+        "TEMPER_GENERATOR_ADMISSION_SAMPLES": str(plan.batch * (plan.max_staleness + 1)),
         "TEMPER_REPLAY_MAX_STALENESS": str(plan.max_staleness),
         "TEMPER_LEARNER_THREADS": "1",
         "TEMPER_LEARNER_MODEL": str(model),
         "TEMPER_LEARNER_OUT_DIR": str(plan.run_dir / "learner"),
         "TEMPER_LEARNER_BATCH_SIZE": str(plan.batch),
-        "TEMPER_LEARNER_MIN_SAMPLES": str(max(plan.group * 2, plan.batch // 2)),
+        "TEMPER_LEARNER_MIN_SAMPLES": str(_min_samples(plan)),
         "TEMPER_LEARNER_MICRO_BATCH": "64",
         "TEMPER_LEARNER_MINIBATCHES": str(plan.minibatches),
         "TEMPER_LEARNER_LR": str(plan.lr),
@@ -205,6 +217,14 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         "TEMPER_STATS_S": "2",
     }
     return StackSettings(run_dir=plan.run_dir, nats_port=plan.nats_port, services=SERVICES, env=env)
+
+
+def _min_samples(plan: TrainPlan) -> int:
+    """Smallest batch the learner trains on: a full one when on-policy, since a partial
+    batch would leave the rest of the version's samples to be trained a version late."""
+    if plan.max_staleness == 0:
+        return plan.batch
+    return max(plan.group * 2, plan.batch // 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,6 +243,8 @@ async def _run_until_done(
 
     feeder = Feeder(nc, plan)
     await feeder.start()
+    last_stats = LastStats()
+    await last_stats.start(nc)
     heldout = HeldoutSet.of(load_registry(None).get(plan.domain))
     runner = HeldoutRunner(nc, heldout, plan.eval_samples, plan.run_dir / "eval" / "heldout.jsonl")
     await runner.start()
@@ -242,13 +264,13 @@ async def _run_until_done(
             scalars.add(result, result["version"], prefix="heldout")
         progress.update(steps, runner.results)
 
-    next_eval = plan.eval_every
+    next_eval = plan.eval_every or None
     try:
-        while not stop.is_set() and clock.elapsed() < plan.minutes * 60 and not watcher.done():
+        while not stop.is_set() and not _done(plan, clock, steps) and not watcher.done():
             await feeder.top_up()
             collect()
             version = steps[-1]["version"] if steps else 0
-            if version >= next_eval and not runner.busy:
+            if next_eval is not None and version >= next_eval and not runner.busy:
                 await runner.submit(clock.elapsed())
                 next_eval = version + plan.eval_every
             await asyncio.sleep(0.5)
@@ -259,12 +281,19 @@ async def _run_until_done(
         stop.set()
         await watcher
         scalars.close()
+        last_stats.write(plan.run_dir / "stats.json")
     return Outcome(steps=steps, heldout=runner.results, started_at=clock.started_at)
+
+
+def _done(plan: TrainPlan, clock: _Clock, steps: list[dict[str, Any]]) -> bool:
+    if plan.max_steps and steps and int(steps[-1]["step"]) >= plan.max_steps:
+        return True
+    return clock.elapsed() >= plan.minutes * 60
 
 
 async def _final_evaluation(runner: HeldoutRunner, clock: _Clock, collect: Any) -> None:
     """Evaluate the last version once the evaluation in flight (if any) is in."""
-    say("training time is up: final held-out evaluation")
+    say("training is done: final held-out evaluation")
     await runner.drain(_FINAL_EVAL_S)
     await runner.submit(clock.elapsed())
     deadline = time.monotonic() + _FINAL_EVAL_S

@@ -41,6 +41,7 @@ from services.runtime.jetstream import ConsumerSpec
 from services.runtime.priority import PriorityGate
 from services.runtime.responder import Request
 from services.runtime.service import Service
+from services.runtime.stages import Stages
 from services.runtime.weights import verify_digest
 
 DURABLE = "generator"
@@ -64,6 +65,8 @@ class GeneratorService(Service):
         self._generated_at_start = 0
         self._task_codec: Codec[Task] = Codec(Task)
         self.admission = StalenessAdmission(settings.admission_samples)
+        #: Per task: waiting for admission, generating, publishing; per update: reloading.
+        self.stages = Stages()
 
     @property
     def engine(self) -> Engine:
@@ -126,16 +129,19 @@ class GeneratorService(Service):
 
     async def _on_task(self, task: Task, delivery: Delivery) -> None:
         if not is_heldout(task):
-            await self.admission.admit(task.n)
-        rollouts = await self._rollouts_for(task)
-        for rollout in rollouts:
-            await self.bus.publish(
-                subjects.rollout(task.domain),
-                rollout,
-                trace_id=delivery.trace_id or None,
-                msg_id=rollout.id,
-            )
-            self.rollouts[rollout.status.value] += 1
+            with self.stages.stage("admission"):
+                await self.admission.admit(task.n)
+        with self.stages.stage("generate"):
+            rollouts = await self._rollouts_for(task)
+        with self.stages.stage("publish"):
+            for rollout in rollouts:
+                await self.bus.publish(
+                    subjects.rollout(task.domain),
+                    rollout,
+                    trace_id=delivery.trace_id or None,
+                    msg_id=rollout.id,
+                )
+                self.rollouts[rollout.status.value] += 1
         self.log.info(
             "task_generated",
             domain=task.domain,
@@ -172,21 +178,29 @@ class GeneratorService(Service):
 
     async def _apply(self, update: PolicyUpdate) -> None:
         self.latest_announced = max(self.latest_announced, update.version)
-        self.admission.learner_trained(update.trained_samples)
-        async with self._weights_lock:
-            if update.version <= self.version:
-                return
-            started = time.monotonic()
-            error = await self._load(update)
-            ack = WeightSyncAck(
-                version=update.version,
-                service=self.name,
-                instance=self.instance,
-                ok=error is None,
-                error=error,
-                duration_s=time.monotonic() - started,
-            )
-            await self.bus.emit(subjects.weight_ack(self.name), ack)
+        try:
+            async with self._weights_lock:
+                if update.version > self.version:
+                    await self._swap(update)
+        finally:
+            # Room for new work only once the new weights serve, so that work starts on
+            # them: with one batch of room this makes the loop synchronous (on-policy).
+            self.admission.learner_trained(update.trained_samples)
+
+    async def _swap(self, update: PolicyUpdate) -> None:
+        started = time.monotonic()
+        error = await self._load(update)
+        elapsed = time.monotonic() - started
+        self.stages.add("weight_reload", elapsed)
+        ack = WeightSyncAck(
+            version=update.version,
+            service=self.name,
+            instance=self.instance,
+            ok=error is None,
+            error=error,
+            duration_s=elapsed,
+        )
+        await self.bus.emit(subjects.weight_ack(self.name), ack)
 
     async def _load(self, update: PolicyUpdate) -> str | None:
         try:
@@ -222,6 +236,7 @@ class GeneratorService(Service):
         values["weight_update_failures"] = float(self.weight_failures)
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
+        values.update(self.stages.figures())
         for status in RolloutStatus:
             values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
         return values
@@ -237,6 +252,8 @@ def _batching_of(engine: Engine) -> dict[str, float]:
         "decode_rows_per_step": figures["rows_per_step"],
         "decode_peak_rows": figures["peak_rows"],
         "prefill_prompts_per_pass": figures["prefill_prompts"] / max(figures["prefill_passes"], 1),
+        "time_decode_s": figures["decode_s"],
+        "time_prefill_s": figures["prefill_s"],
     }
 
 

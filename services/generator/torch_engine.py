@@ -65,6 +65,7 @@ from services.generator.torch_weights import (
     source_path,
 )
 from services.runtime.logs import get_logger
+from services.runtime.stages import Stages
 
 log = get_logger(component="torch_engine")
 
@@ -176,6 +177,8 @@ class TorchEngine:
         self.peak_rows = 0
         self.prefill_passes = 0
         self.prefill_prompts = 0
+        #: Seconds of the engine thread in decode steps and in prefill passes.
+        self.stages = Stages()
 
     # ------------------------------------------------------------------ Engine API
 
@@ -248,6 +251,8 @@ class TorchEngine:
             "prefill_passes": self.prefill_passes,
             "prefill_prompts": self.prefill_prompts,
             "peak_rows": self.peak_rows,
+            "decode_s": self.stages.seconds.get("decode", 0.0),
+            "prefill_s": self.stages.seconds.get("prefill", 0.0),
         }
 
     def cache_statistics(self) -> RadixStatistics:
@@ -423,7 +428,8 @@ class TorchEngine:
         """
         self._drop_cancelled()
         if self._batch:
-            self._advance()
+            with self.stages.stage("decode"):
+                self._advance()
         at_once: list[_Job] = []
         ready: list[_Job] = []
         for job in admitted:
@@ -436,7 +442,8 @@ class TorchEngine:
                 job.lease = _Lease(self._prefix, job.prompt, self._new_cache).acquire()
             suffixes = [len(job.prompt) - self._lease(job).cached for job in wave]
             for group in prefill_groups(suffixes, MAX_PREFILL_TOKENS, PREFILL_SLACK):
-                self._prefill([wave[i] for i in group])
+                with self.stages.stage("prefill"):
+                    self._prefill([wave[i] for i in group])
         return at_once + self._retire()
 
     def _first_wave(self, jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:

@@ -26,10 +26,10 @@ from protocol.errors import DecodeError
 from protocol.messages import Batch, ErrorReply, PolicyUpdate, SampleRequest
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
-from services.learner.timing import Stages
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
+from services.runtime.stages import Stages
 
 _BATCH_REPLY: Codec[Batch | ErrorReply] = Codec(Batch | ErrorReply)
 
@@ -69,7 +69,7 @@ class LearnerSettings:
     keep_versions: int = 3
     #: How long the buffer may take to fill a batch; a partial batch is trained on.
     sample_wait_s: float = 5.0
-    #: The smallest batch worth a step.
+    #: The smallest batch worth a step: the buffer keeps a smaller one until it grows.
     min_samples: int = 8
     device: str = "cpu"
     seed: int = 0
@@ -136,7 +136,9 @@ class LearnerService(Service):
             stages = Stages()
             with stages.stage("batch"):
                 batch = await self._next_batch()
-            if batch is None or len(batch.items) < self.settings.min_samples:
+            # The buffer serves nothing below ``min_samples``; what it serves is trained on,
+            # since samples handed out are gone from it.
+            if batch is None or not batch.items:
                 await asyncio.sleep(0.2 if batch is not None else 1.0)
                 continue
             with stages.stage("train"):
@@ -168,6 +170,7 @@ class LearnerService(Service):
             max_staleness=self.settings.max_staleness,
             whole_groups=True,
             wait_s=self.settings.sample_wait_s,
+            min_samples=self.settings.min_samples,
         )
         timeout = self.settings.sample_wait_s + 10.0
         try:

@@ -24,6 +24,7 @@ import torch
 
 from protocol.messages import FinishReason, ScoredRollout
 from protocol.packed import unpack_f32, unpack_i32, unpack_u8
+from services.learner.export import write_weights
 from services.learner.loss import (
     LossConfig,
     LossStats,
@@ -33,8 +34,8 @@ from services.learner.loss import (
     policy_loss,
     target_logprobs,
 )
-from services.learner.timing import Stages
 from services.runtime.logs import get_logger
+from services.runtime.stages import Stages
 from services.runtime.weights import directory_digest
 
 CHECKPOINT = "checkpoint.pt"
@@ -155,6 +156,7 @@ class Trainer:
         self.model: Any = model.to(self.device)
         self.model.train()
         self._limits = _ModelLimits.of(self.model)
+        self._config_json: str = self.model.config.to_json_string()
         self.reference: Any = None
         if config.loss.kl_coef:
             reference: Any = AutoModelForCausalLM.from_pretrained(
@@ -362,15 +364,12 @@ class Trainer:
         target = self.out_dir / "weights" / f"v{version}"
         staging = target.with_name(f".v{version}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        self.model.save_pretrained(str(staging), safe_serialization=True)
-        for extra in self.source.iterdir():
-            if extra.is_file() and not (staging / extra.name).exists():
-                shutil.copy2(extra, staging / extra.name)
+        digest = write_weights(self.model, self._config_json, self.source, staging)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         self.version = version
         self._prune(keep)
-        return Exported(version=version, path=target, digest=directory_digest(target))
+        return Exported(version=version, path=target, digest=digest)
 
     def _prune(self, keep: int) -> None:
         versions = sorted(

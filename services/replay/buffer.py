@@ -139,6 +139,22 @@ class ReplayBuffer:
         self.counts.served += len(chosen)
         return Selection(items=chosen, dropped_stale=stale, remaining=remaining)
 
+    def available(
+        self,
+        *,
+        learner_version: int,
+        max_staleness: int,
+        whole_groups: bool,
+        now: float | None = None,
+    ) -> int:
+        """Samples that ``take`` could serve now (fresh, usable, in ready groups)."""
+        now = time.monotonic() if now is None else now
+        return sum(
+            sum(1 for s in g.usable() if staleness(s, learner_version) <= max_staleness)
+            for g in self._groups.values()
+            if self._ready(g, whole_groups, now)
+        )
+
     def _ready(self, group: Group, whole_groups: bool, now: float) -> bool:
         if not whole_groups or group.complete():
             return True

@@ -22,6 +22,7 @@ from services.runtime.jetstream import ConsumerSpec
 from services.runtime.responder import Request
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
+from services.runtime.stages import Stages
 
 DURABLE = "replay"
 #: Room left in a Batch for everything but the rollouts (headers, envelope).
@@ -52,6 +53,8 @@ class ReplayService(Service):
         self.buffer = ReplayBuffer(group_timeout_s=settings.group_timeout_s)
         self._arrived = asyncio.Event()
         self._waiting: set[asyncio.Future[None]] = set()
+        #: Per rollout: time held in the buffer; per request: time to select the batch.
+        self.stages = Stages()
 
     async def setup(self) -> None:
         spec = ConsumerSpec(
@@ -74,7 +77,8 @@ class ReplayService(Service):
         self._arrived.set()
         self._waiting.add(left)
         try:
-            await left
+            with self.stages.stage("hold"):
+                await left
         finally:
             self._waiting.discard(left)
 
@@ -86,6 +90,10 @@ class ReplayService(Service):
 
     async def _on_sample(self, request: SampleRequest, _: Request) -> Batch:
         deadline = time.monotonic() + min(request.wait_s, self.settings.max_wait_s)
+        if not await self._until_available(request, deadline):
+            return Batch(
+                request_id=request.id, status=BatchStatus.EMPTY, remaining=len(self.buffer)
+            )
         budget = _SizeBudget(self.bus.max_payload - _ENVELOPE_BYTES)
         selection = self._select(request, budget)
         items, dropped = list(selection.items), selection.dropped_stale
@@ -109,11 +117,36 @@ class ReplayService(Service):
             remaining=selection.remaining,
         )
 
+    async def _until_available(self, request: SampleRequest, deadline: float) -> bool:
+        """Wait until the buffer can serve ``request.min_samples``; False at the deadline."""
+        while self._available(request) < request.min_samples:
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return False
+        return True
+
+    def _available(self, request: SampleRequest) -> int:
+        return self.buffer.available(
+            learner_version=request.learner_version,
+            max_staleness=self._max_staleness(request),
+            whole_groups=request.whole_groups,
+        )
+
+    def _max_staleness(self, request: SampleRequest) -> int:
+        chosen = request.max_staleness
+        return self.settings.max_staleness if chosen is None else chosen
+
     def _select(self, request: SampleRequest, budget: _SizeBudget, already: int = 0) -> Selection:
-        max_staleness = request.max_staleness
+        with self.stages.stage("select"):
+            return self._take(request, budget, already)
+
+    def _take(self, request: SampleRequest, budget: _SizeBudget, already: int) -> Selection:
         return self.buffer.take(
             learner_version=request.learner_version,
-            max_staleness=self.settings.max_staleness if max_staleness is None else max_staleness,
+            max_staleness=self._max_staleness(request),
             max_samples=request.max_samples - already,
             whole_groups=request.whole_groups,
             domain_weights=request.domain_weights,
@@ -127,6 +160,7 @@ class ReplayService(Service):
     def statistics(self) -> dict[str, float]:
         values = super().statistics()
         values.update(self.buffer.statistics())
+        values.update(self.stages.figures())
         return values
 
 

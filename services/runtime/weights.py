@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 
 WEIGHT_PATTERNS = ("*.safetensors",)
@@ -32,6 +33,15 @@ def directory_digest(path: Path) -> str:
         with file.open("rb") as handle:
             while chunk := handle.read(_CHUNK):
                 digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def bytes_digest(files: Iterable[tuple[str, bytes]]) -> str:
+    """:func:`directory_digest` of files held in memory as ``(name, bytes)``, in name order."""
+    digest = hashlib.sha256()
+    for name, data in sorted(files, key=lambda item: item[0]):
+        digest.update(name.encode() + b"\0")
+        digest.update(data)
     return f"sha256:{digest.hexdigest()}"
 
 

@@ -46,6 +46,7 @@ from services.runtime import (
     StreamAck,
 )
 from services.runtime.bus import message_headers
+from services.runtime.stages import Stages
 from services.validator.compose import Judgement, Scorer
 from services.validator.factory import Resources, RewardModels
 from services.validator.sandbox import NatsSandbox
@@ -108,6 +109,8 @@ class ValidatorService(Service):
         self.stats = DomainStats(self.metrics.registry)
         self.published = 0
         self.duplicates = 0
+        #: Per fetch of rollouts: judging them and storing the results.
+        self.stages = Stages()
         self._waits: set[str] = set()
         #: Pass threshold by domain name (a dict lookup: this runs for every result).
         self._thresholds: dict[str, float] = {}
@@ -184,6 +187,7 @@ class ValidatorService(Service):
         values.update(self.stats.values())
         values["published"] = float(self.published)
         values["duplicates"] = float(self.duplicates)
+        values.update(self.stages.figures())
         batchers = self._reward_models.batchers.values()
         batches, scored = sum(b.batches for b in batchers), sum(b.scored for b in batchers)
         if batches:
@@ -193,6 +197,10 @@ class ValidatorService(Service):
         return values
 
     async def _on_rollouts(self, batch: list[tuple[Rollout, Delivery]]) -> list[Result]:
+        with self.stages.stage("validate"):
+            return await self._judge_fetch(batch)
+
+    async def _judge_fetch(self, batch: list[tuple[Rollout, Delivery]]) -> list[Result]:
         """Judge a fetch: rule domains inline, then all their results in one publish_many."""
         results: list[Result] = [None] * len(batch)
         inline: list[tuple[Rollout, Delivery]] = []

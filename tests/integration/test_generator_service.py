@@ -247,3 +247,28 @@ async def test_admission_holds_tasks_until_the_learner_consumes(
 
 def _fields(task: Task) -> dict[str, object]:
     return {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
+
+
+async def test_work_admitted_by_an_update_starts_on_its_weights(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path, tmp_path: Path
+) -> None:
+    """One task of room is the synchronous loop: the next task waits for the learner's
+    update and is generated on the new weights, not on the old ones a moment earlier."""
+    new = init_model(tmp_path / "v3", TinyModelSpec(seed=3))
+    js = nc.jetstream()
+    settings = _settings(nats_url, tiny_model, admission_samples=2, max_concurrent_tasks=2)
+    async with GeneratorService(settings) as service:
+        await _submit(js, _task("sync0", n=2))
+        await _submit(js, _task("sync1", n=2))
+        await tap.wait(2)
+        await asyncio.sleep(0.5)
+        assert len(tap.got) == 2  # the second task waits for room
+        update = PolicyUpdate(
+            version=3, uri=str(new), digest=directory_digest(new), trained_samples=2
+        )
+        await js.publish(subjects.policy_update(), encode(update))
+        await tap.wait(4)
+        figures = service.statistics()
+    assert [r.segments[0].version for r in tap.got] == [0, 0, 3, 3]
+    assert figures["count_weight_reload"] == 1 and figures["count_generate"] == 2
+    assert figures["time_generate_s"] > 0 and figures["time_decode_s"] > 0

@@ -85,6 +85,21 @@ async def test_a_request_waits_for_the_batch_to_fill(nats_url: str, nc: NATS) ->
     assert len(batch.items) == 2
 
 
+async def test_a_batch_below_min_samples_stays_in_the_buffer(nats_url: str, nc: NATS) -> None:
+    async with ReplayService(_settings(nats_url)) as service:
+        await _publish(nc, [scored("m", 0), scored("m", 1)])
+        await _until_held(service, 2)
+        short = await _sample(nc, max_samples=4, min_samples=4, wait_s=0.3)
+        assert (short.status, short.items) == (BatchStatus.EMPTY, [])
+        assert len(service.buffer) == 2 and await _pending_acks(nc) == 2
+        asking = asyncio.ensure_future(_sample(nc, max_samples=4, min_samples=4, wait_s=5))
+        await _publish(nc, [scored("n", 0), scored("n", 1)])
+        batch = await asking
+    assert batch.status is BatchStatus.OK
+    assert sorted(i.id for i in batch.items) == ["m/0", "m/1", "n/0", "n/1"]
+    assert service.statistics()["count_hold"] == 4
+
+
 async def test_stale_rollouts_are_dropped_and_counted(nats_url: str, nc: NATS) -> None:
     async with ReplayService(_settings(nats_url, max_staleness=1)) as service:
         await _publish(nc, [scored("s", 0, version=0), scored("s", 1, version=0)])

@@ -195,6 +195,28 @@ def test_exported_weights_load_in_the_engine_and_old_versions_are_pruned(
     assert asyncio.run(greedy(exported.path)) != asyncio.run(greedy(None))
 
 
+def test_an_exported_directory_is_the_trained_model_as_hugging_face_loads_it(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-2))
+    trainer.train([_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)])
+    exported = trainer.export(keep=2)
+    loaded = AutoModelForCausalLM.from_pretrained(str(exported.path), dtype=torch.float32)
+    ours = trainer.model.state_dict()
+    assert set(loaded.state_dict()) == set(ours)
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, ours[name]), name
+    # The LM head is tied to the embedding and saved once, as save_pretrained does.
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert [p.name for p in exported.path.glob("*.safetensors")] == ["model.safetensors"]
+    assert (exported.path / "config.json").read_text() == trainer.model.config.to_json_string()
+    start = sorted(p.name for p in tiny_model.iterdir())
+    assert sorted(p.name for p in exported.path.iterdir()) == start
+    assert exported.digest == directory_digest(exported.path)
+
+
 def test_several_updates_per_batch_clip_against_the_batch_start(
     tiny_model: Path, tmp_path: Path
 ) -> None:

@@ -157,3 +157,16 @@ def test_payload_budget_stops_the_batch() -> None:
     budget = iter([True, True, False])
     selection = take(buffer, fits=lambda _: next(budget, False))
     assert len(selection.items) == 2 and len(buffer) == 3
+
+
+def test_available_counts_what_take_could_serve_without_taking_it() -> None:
+    buffer = ReplayBuffer(group_timeout_s=60.0)
+    for item in (scored("a", 0), scored("a", 1), scored("b", 0), scored("c", 0, version=0)):
+        buffer.add(item, lambda: None, now=0.0)
+    buffer.add(scored("c", 1, version=3), lambda: None, now=0.0)
+    fresh = {"learner_version": 3, "max_staleness": 1, "now": 1.0}
+    # a: complete but stale; b: incomplete; c: complete, one member stale.
+    assert buffer.available(whole_groups=True, **fresh) == 1
+    assert buffer.available(whole_groups=False, **fresh) == 1
+    assert buffer.available(learner_version=0, max_staleness=0, whole_groups=True, now=1.0) == 4
+    assert len(buffer) == 5
