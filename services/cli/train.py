@@ -56,6 +56,12 @@ def register(commands: Any) -> None:
     train.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
     train.add_argument("--lr", type=float, default=3e-4)
     train.add_argument(
+        "--lr-decay-steps",
+        type=int,
+        default=600,
+        help="the learning rate falls linearly to a tenth over this many steps (0: constant)",
+    )
+    train.add_argument(
         "--max-staleness",
         type=int,
         default=2,
@@ -97,6 +103,7 @@ class TrainPlan:
     batch: int
     minibatches: int
     lr: float
+    lr_decay_steps: int
     max_staleness: int
     warmup_steps: int
     warmup_target: float
@@ -116,6 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch=args.batch,
         minibatches=args.minibatches,
         lr=args.lr,
+        lr_decay_steps=args.lr_decay_steps,
         max_staleness=args.max_staleness,
         warmup_steps=args.warmup_steps,
         warmup_target=args.warmup_target,
@@ -213,6 +221,7 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         "TEMPER_LEARNER_MICRO_BATCH": "64",
         "TEMPER_LEARNER_MINIBATCHES": str(plan.minibatches),
         "TEMPER_LEARNER_LR": str(plan.lr),
+        "TEMPER_LEARNER_LR_DECAY_STEPS": str(plan.lr_decay_steps),
         "TEMPER_LEARNER_MAX_STALENESS": str(plan.max_staleness),
         "TEMPER_STATS_S": "2",
     }

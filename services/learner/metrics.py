@@ -31,6 +31,7 @@ def step_line(
         "diversity": result.diversity,
         "completion_len": result.completion_len,
         "truncated": result.truncated,
+        "lr": result.lr,
         **{f"loss_{k}": v for k, v in asdict(result.loss).items()},
         **{f"time_{stage}": round(value, 6) for stage, value in seconds.items()},
         "at": time.time(),

@@ -44,6 +44,9 @@ class LearnerSettings:
     #: Samples per optimizer step (whole groups).
     batch_size: int = 64
     lr: float = 1e-4
+    #: Linear decay to ``lr * lr_final`` over this many steps (0: a constant rate).
+    lr_decay_steps: int = 0
+    lr_final: float = 0.1
     clip_eps: float = 0.2
     is_cap: float = 2.0
     #: k3 KL to the starting policy (0: no reference model is loaded) and entropy bonus.
@@ -77,6 +80,8 @@ class LearnerSettings:
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(
             lr=self.lr,
+            lr_decay_steps=self.lr_decay_steps,
+            lr_final=self.lr_final,
             grad_clip=self.grad_clip,
             micro_batch=self.micro_batch,
             epochs=self.epochs,

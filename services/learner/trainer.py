@@ -45,6 +45,11 @@ _log = get_logger(component="trainer")
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     lr: float = 1e-4
+    #: The learning rate falls linearly from ``lr`` to ``lr * lr_final`` over this many
+    #: steps, then stays there (0: constant).  Late in a run a policy that has sharpened
+    #: flips answers with every full-size step; smaller ones keep what it learnt.
+    lr_decay_steps: int = 0
+    lr_final: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch: int = 16
@@ -63,10 +68,22 @@ class TrainerConfig:
         for name in ("micro_batch", "epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.lr_decay_steps < 0 or not 0 <= self.lr_final <= 1:
+            raise ValueError(
+                f"lr_decay_steps must be >= 0 and lr_final in [0, 1], not "
+                f"{self.lr_decay_steps} and {self.lr_final}"
+            )
 
     @property
     def updates(self) -> int:
         return self.epochs * self.minibatches
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the step after ``step`` steps."""
+        if not self.lr_decay_steps:
+            return self.lr
+        done = min(step, self.lr_decay_steps) / self.lr_decay_steps
+        return self.lr * (1.0 - (1.0 - self.lr_final) * done)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +116,8 @@ class StepResult:
     #: Seconds per stage of the step: ``rows`` (unpacking), ``proximal`` and ``reference``
     #: (no-grad passes), ``updates`` (forward, backward and optimizer steps).
     seconds: dict[str, float] = field(default_factory=dict)
+    #: The learning rate the updates used.
+    lr: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,13 +210,16 @@ class Trainer:
         with stages.stage("rows"):
             rows = self._rows(valid) if valid else None
         parts: list[LossStats] = []
+        lr = self.config.lr_at(self.step)
         if rows is not None and len(rows):
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             parts = self._optimise(rows, stages)
         applied = len(parts)
         if applied:
             self.step += 1
         result = self._result(items, valid, rows, parts, refused)
-        return dataclasses.replace(result, seconds=stages.seconds)
+        return dataclasses.replace(result, seconds=stages.seconds, lr=lr)
 
     def _optimise(self, rows: _Rows, stages: Stages) -> list[LossStats]:
         """``epochs * minibatches`` clipped updates; the statistics of those applied."""

@@ -217,6 +217,21 @@ def test_an_exported_directory_is_the_trained_model_as_hugging_face_loads_it(
     assert exported.digest == directory_digest(exported.path)
 
 
+def test_the_learning_rate_decays_linearly_then_holds(tiny_model: Path, tmp_path: Path) -> None:
+    config = TrainerConfig(lr=1e-2, lr_decay_steps=2, lr_final=0.1)
+    assert [config.lr_at(step) for step in (0, 1, 2, 5)] == pytest.approx(
+        [1e-2, 5.5e-3, 1e-3, 1e-3]
+    )
+    assert TrainerConfig(lr=1e-2).lr_at(1000) == 1e-2
+    with pytest.raises(ValueError, match="lr_final"):
+        TrainerConfig(lr_final=2.0)
+    trainer = Trainer(tiny_model, tmp_path, config)
+    batch = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]
+    used = [trainer.train(batch).lr for _ in range(3)]
+    assert used == pytest.approx([1e-2, 5.5e-3, 1e-3])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
 def test_several_updates_per_batch_clip_against_the_batch_start(
     tiny_model: Path, tmp_path: Path
 ) -> None:
