@@ -3,7 +3,8 @@
 Both train the same warmed-up tiny policy (``temper train --warmup-only``) on the
 learning demo's domain (``arithmetic_sum3``: sums of three single-digit numbers) with the
 same prompts, reward rule (the first ``<answer>`` tag equals the sum), group size,
-samples per step, learning rate, max new tokens, sampling temperature 1, float32 and no
+samples per step, learning rate and its schedule (linear to a tenth over 600
+steps), max new tokens, sampling temperature 1, float32 and no
 KL, for the same wall-clock budget.  TRL runs first, alone on the machine (its
 ``GRPOTrainer`` in its own cached venv, ``deploy/peers/trl``), then Temper's stack
 (``temper train``), so neither takes CPU from the other.
@@ -45,6 +46,8 @@ from services.evaluation.offline import heldout_greedy_accuracy  # noqa: E402
 
 DOMAIN = "arithmetic_sum3"
 GROUP, BATCH, LR = 8, 256, 3e-4
+#: ``temper train``'s default schedule, given to TRL too: linear to a tenth over 600 steps.
+LR_DECAY_STEPS, LR_FINAL = 600, 0.1
 TEMPER = [str(ROOT / ".venv" / "bin" / "temper")]
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -121,6 +124,8 @@ def _trl_spec(model: Path, minutes: float, threads: int) -> dict[str, Any]:
         "group": GROUP,
         "samples_per_step": BATCH,
         "lr": LR,
+        "lr_decay_steps": LR_DECAY_STEPS,
+        "lr_final": LR_FINAL,
         "max_new_tokens": domain.max_tokens,
         "temperature": 1.0,
         "minutes": minutes,
@@ -131,7 +136,18 @@ def _trl_spec(model: Path, minutes: float, threads: int) -> dict[str, Any]:
 
 def run_temper(out: Path, minutes: float) -> tuple[Side, dict[str, float], dict[str, float]]:
     run = out / "temper"
-    command = [*TEMPER, "train", "--run-dir", str(run), "--minutes", str(minutes)]
+    command = [
+        *TEMPER,
+        "train",
+        "--run-dir",
+        str(run),
+        "--minutes",
+        str(minutes),
+        "--lr",
+        str(LR),
+        "--lr-decay-steps",
+        str(LR_DECAY_STEPS),
+    ]
     cpu: dict[int, tuple[str, float]] = {}
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None

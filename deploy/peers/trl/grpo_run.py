@@ -62,6 +62,10 @@ class Spec:
     # Completions per forward/backward pass; the optimizer step still sees samples_per_step
     # (gradient accumulation).  Defaults to samples_per_step: one pass per step.
     micro_batch: int | None = None
+    # Linear decay from lr to lr * lr_final over this many optimizer steps, then held
+    # (0: constant): Temper's learner schedule, so both sides train with the same rates.
+    lr_decay_steps: int = 0
+    lr_final: float = 0.1
 
     @property
     def micro(self) -> int:
@@ -153,6 +157,14 @@ class BudgetCallback(TrainerCallback):
     ) -> None:
         self.start = time.monotonic()
         self.snapshot(kw["model"], 0, 0.0)
+        if self.spec.lr_decay_steps:
+            # The "constant" scheduler is a LambdaLR: its factor per step becomes the decay.
+            scheduler = kw["lr_scheduler"]
+            scheduler.lr_lambdas = [self.lr_factor] * len(scheduler.lr_lambdas)
+
+    def lr_factor(self, step: int) -> float:
+        done = min(step, self.spec.lr_decay_steps) / self.spec.lr_decay_steps
+        return 1.0 - (1.0 - self.spec.lr_final) * done
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -223,7 +235,8 @@ def grpo_config(spec: Spec, out_dir: Path) -> GRPOConfig:
         max_completion_length=spec.max_new_tokens,
         temperature=spec.temperature,
         learning_rate=spec.lr,
-        lr_scheduler_type="constant",  # max_steps is a placeholder, so no decay schedule
+        # max_steps is a placeholder, so no built-in decay: the callback sets the schedule.
+        lr_scheduler_type="constant",
         warmup_steps=0,
         max_steps=1_000_000,  # the budget callback stops training
         beta=0.0,  # no KL term, so no reference model
