@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: venv sglang-venv run test test-unit test-integration bench lint fixtures clean
+.PHONY: venv sglang-venv run test test-unit test-integration bench lint fixtures schema clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,10 @@ lint: venv
 
 fixtures: venv
 	$(BIN)/python tests/golden/make_fixtures.py
+
+# docs/protocol.schema.json from protocol/messages.py (a unit test fails when it is stale).
+schema: venv
+	$(BIN)/python tests/golden/make_schema.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

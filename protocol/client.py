@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Self
+from typing import Final, Self, TypeVar
 
 import nats
 import nats.errors
@@ -33,8 +33,11 @@ from protocol.codec import Codec, check_size, encode
 from protocol.errors import DecodeError, ErrorCode, ProtocolError, RemoteError
 from protocol.messages import (
     PROTOCOL_VERSION,
+    DomainList,
+    DomainsRequest,
     ErrorReply,
     Heartbeat,
+    Message,
     ScoredRollout,
     StackStatus,
     StatusRequest,
@@ -47,6 +50,8 @@ _TASK: Final[Codec[Task]] = Codec(Task)
 _SCORED: Final[Codec[ScoredRollout]] = Codec(ScoredRollout)
 _HEARTBEAT: Final[Codec[Heartbeat]] = Codec(Heartbeat)
 _STATUS_REPLY: Final[Codec[StackStatus | ErrorReply]] = Codec(StackStatus | ErrorReply)
+_DOMAINS_REPLY: Final[Codec[DomainList | ErrorReply]] = Codec(DomainList | ErrorReply)
+R = TypeVar("R", bound=Message)
 
 #: What nats-py raises when nothing captures a JetStream publish or answers a request.
 _NO_ANSWER: Final = (
@@ -308,15 +313,36 @@ class TemperClient:
 
     async def status(self, *, timeout_s: float = 2.0) -> StackStatus:
         """Ask the control service for the stack's status; :class:`RemoteError` if it refuses."""
+        return await self._ask(
+            subjects.status(), StatusRequest(), _STATUS_REPLY, "control service", timeout_s
+        )
+
+    async def domains(
+        self, names: Sequence[str] = (), *, examples: bool = False, timeout_s: float = 30.0
+    ) -> DomainList:
+        """Ask a validator for the served domains (all, or ``names``), with example tasks if asked.
+
+        The first answer of a validator instance counts held-out problems, hence the long default.
+        """
+        request = DomainsRequest(names=list(names), examples=examples)
+        return await self._ask(subjects.domains(), request, _DOMAINS_REPLY, "validator", timeout_s)
+
+    async def _ask(
+        self,
+        subject: str,
+        request: Message,
+        replies: Codec[R | ErrorReply],
+        who: str,
+        timeout_s: float,
+    ) -> R:
+        """One request/reply; :class:`StackUnavailable` if nobody answers, :class:`RemoteError`."""
         try:
-            msg = await self._nc.request(
-                subjects.status(), encode(StatusRequest()), timeout=timeout_s
-            )
+            msg = await self._nc.request(subject, encode(request), timeout=timeout_s)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as error:
             raise StackUnavailable(
-                f"no control service answered on {subjects.status()} within {timeout_s}s; {_HINT}"
+                f"no {who} answered on {subject} within {timeout_s}s; {_HINT}"
             ) from error
-        reply = _STATUS_REPLY.decode(msg.data)
+        reply = replies.decode(msg.data)
         if isinstance(reply, ErrorReply):
             raise RemoteError(reply.code, reply.message, reply.field)
         return reply

@@ -466,6 +466,69 @@ class StackStatus(Message, tag="stack_status"):
     at: float = 0.0
 
 
+# --------------------------------------------------------------------------- domains
+
+
+class DomainsRequest(Message, tag="domains_request"):
+    """Ask for the domains the stack serves; any validator answers (all load one registry)."""
+
+    #: Only these domains, in this order; empty: every served domain.
+    names: list[str] = []
+    #: Add one example Task per domain, as the stack's own tools build them.
+    examples: bool = False
+
+
+class DomainValidator(Record):
+    """One validator of a domain and its share of the reward."""
+
+    kind: str
+    #: ``ValidatorDetail.name`` of its scores.
+    name: str
+    weight: float = 1.0
+    params: dict[str, Any] = {}
+
+
+class DomainInfo(Record):
+    """What a client needs to build a valid task of one domain."""
+
+    name: Token
+    #: The family or built-in kind that made the domain (``arithmetic``, ``jsonl``, ...).
+    kind: str = ""
+    description: str = ""
+    #: The prompt: ``[system, user]`` chat messages, the user's text being ``prompt_template``
+    #: with ``{question}`` replaced; no system message when ``prompt_system`` is empty.
+    prompt_system: str = ""
+    prompt_template: str = "{question}"
+    #: Keys of ``Task.metadata`` the validators read; a task lacking one is scored ``invalid``.
+    metadata_keys: list[str] = []
+    validators: list[DomainValidator] = []
+    tools: list[str] = []
+    tier: Tier = DEFAULT_TIER
+    #: Group size (``Task.n``) of the domain's own tasks.
+    samples: PositiveInt = 1
+    max_tokens: PositiveInt = 256
+    max_turns: PositiveInt = 1
+    #: A scored rollout passes when its reward reaches this.
+    pass_threshold: float = 1.0
+    #: ``keep`` or ``filter``: what training does with a sample cut at the token limit.
+    overlong: str = "keep"
+    sandbox: SandboxLimits | None = None
+    #: Share of the domain's problems held out for evaluation (``metadata.split == "eval"``).
+    eval_fraction: NonNegFloat = 0.0
+    #: Distinct held-out problems an evaluation uses (at most 500); ``None``: not counted yet.
+    eval_size: NonNegInt | None = None
+    #: A valid task of the domain, when the request asked for examples.
+    example: Task | None = None
+
+
+class DomainList(Message, tag="domain_list"):
+    """Reply to DomainsRequest."""
+
+    domains: list[DomainInfo] = []
+    #: Validator instance that answered.
+    validator: str = ""
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -515,6 +578,8 @@ AnyMessage = (
     | StackStatus
     | ErrorEvent
     | ErrorReply
+    | DomainsRequest
+    | DomainList
 )
 
 #: Every tagged type of this version, by tag.

@@ -79,6 +79,11 @@ def replay_sample() -> str:
     return f"{PREFIX}.replay.sample"
 
 
+def domains() -> str:
+    """Request/reply (queue group ``validator``): DomainsRequest -> DomainList."""
+    return f"{PREFIX}.domains"
+
+
 # Weights
 def policy_update() -> str:
     return f"{PREFIX}.policy.update"

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from services.cli import dlq, messages, model, sandbox, stack, train
+from services.cli import dlq, domains, messages, model, sandbox, stack, train
 from services.cli.common import CliError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     messages.register(commands)
     dlq.register(commands)
     sandbox.register(commands)
+    domains.register(commands)
     model.register(commands)
     train.register(commands)
     return parser

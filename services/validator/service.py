@@ -31,7 +31,14 @@ import msgspec
 from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.errors import ErrorCode, PayloadTooLarge
-from protocol.messages import Message, Rollout, ScoreStatus, ValidatorDetail
+from protocol.messages import (
+    DomainList,
+    DomainsRequest,
+    Message,
+    Rollout,
+    ScoreStatus,
+    ValidatorDetail,
+)
 from services.domains import DomainRegistry, load_registry
 from services.runtime import (
     ConsumerSpec,
@@ -41,12 +48,14 @@ from services.runtime import (
     Publication,
     PublishResult,
     Reject,
+    Request,
     Result,
     Service,
     StreamAck,
 )
 from services.runtime.bus import message_headers
 from services.runtime.stages import Stages
+from services.validator.catalog import Catalog
 from services.validator.compose import Judgement, Scorer
 from services.validator.factory import Resources, RewardModels
 from services.validator.sandbox import NatsSandbox
@@ -115,6 +124,7 @@ class ValidatorService(Service):
         #: Pass threshold by domain name (a dict lookup: this runs for every result).
         self._thresholds: dict[str, float] = {}
         self._encoder = msgspec.msgpack.Encoder()
+        self._catalog: Catalog | None = None
 
     @property
     def domains(self) -> DomainRegistry:
@@ -156,6 +166,8 @@ class ValidatorService(Service):
         self._waits = {name for name in self.scorer.panels if not self.scorer.inline(name)}
         self._thresholds = {domain.name: domain.pass_threshold for domain in self.domains}
         self.consume_batch(self._consumer_spec(), Codec(Rollout), self._on_rollouts, self._tuning())
+        self._catalog = Catalog(self.domains, validator=self.scorer.validator)
+        self.respond(subjects.domains(), Codec(DomainsRequest), self._on_domains)
         tune_gc(self.settings.young_gc_threshold)
 
     def _consumer_spec(self) -> ConsumerSpec:
@@ -174,6 +186,12 @@ class ValidatorService(Service):
             fetch_wait_s=self.settings.fetch_wait_s,
             batch_size=max(1, self.settings.max_in_flight // BATCHES_IN_FLIGHT),
         )
+
+    async def _on_domains(self, request: DomainsRequest, _: Request) -> DomainList:
+        """Every served domain (or those named): what a client needs to build valid tasks."""
+        if self._catalog is None:
+            raise RuntimeError("the domains are loaded at start")
+        return await self._catalog.answer(request, self.bus.nc.max_payload)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [batcher.run() for batcher in self._reward_models.batchers.values()]

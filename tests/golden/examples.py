@@ -20,6 +20,10 @@ from protocol.messages import (
     Batch,
     BatchStatus,
     ChatMessage,
+    DomainInfo,
+    DomainList,
+    DomainsRequest,
+    DomainValidator,
     ErrorEvent,
     ErrorReply,
     FinishReason,
@@ -311,6 +315,68 @@ def stack_status() -> StackStatus:
     )
 
 
+def domain_list() -> DomainList:
+    """Two domains: a rule-judged one with an example task, a sandbox-judged one without."""
+    arithmetic = DomainInfo(
+        name="arithmetic",
+        kind="arithmetic",
+        description="add of 2 numbers of up to 1 digits",
+        prompt_system="Compute the value of the expression. "
+        "Reply with the final answer as <answer>...</answer>.",
+        prompt_template="{question}=",
+        metadata_keys=["answer"],
+        validators=[
+            DomainValidator(kind="math", name="math", weight=1.0, params={"extract": "tag"})
+        ],
+        tools=[],
+        tier=1,
+        samples=1,
+        max_tokens=12,
+        max_turns=1,
+        pass_threshold=1.0,
+        overlong="filter",
+        sandbox=None,
+        eval_fraction=0.2,
+        eval_size=19,
+        example=Task(
+            id="arithmetic-train-0-0",
+            domain="arithmetic",
+            prompt=[
+                ChatMessage(role="system", content="Compute the value of the expression."),
+                ChatMessage(role="user", content="3+4="),
+            ],
+            sampling=SamplingParams(max_tokens=12),
+            metadata={"answer": "7", "key": "arith:3+4", "split": "train", "overlong": "filter"},
+        ),
+    )
+    functions = DomainInfo(
+        name="python_functions",
+        kind="python_functions",
+        description="write a Python function that passes unit tests",
+        prompt_system="Write the function in a ```python block.",
+        prompt_template="{question}",
+        metadata_keys=["tests"],
+        validators=[
+            DomainValidator(
+                kind="code", name="unit_tests", weight=0.75, params={"timeout_s": 10.0}
+            ),
+            DomainValidator(kind="format", name="format", weight=0.25, params={"tags": ["python"]}),
+        ],
+        tools=["python"],
+        tier=2,
+        samples=4,
+        max_tokens=384,
+        max_turns=2,
+        pass_threshold=0.75,
+        overlong="keep",
+        sandbox=SandboxLimits(timeout_s=10.0, memory_mb=256),
+        eval_fraction=0.25,
+        eval_size=None,
+        example=None,
+    )
+    return DomainList(domains=[arithmetic, functions], validator="validator/validator-1")
+
+
 def examples() -> dict[str, Message]:
     """One example per v1 message tag."""
     values: list[Message] = [
@@ -391,5 +457,7 @@ def examples() -> dict[str, Message]:
             message="exactly one of `code` and `command` must be set",
             field="$",
         ),
+        DomainsRequest(names=["arithmetic", "python_functions"], examples=True),
+        domain_list(),
     ]
     return {type(value).__struct_config__.tag: value for value in values}  # type: ignore[misc]

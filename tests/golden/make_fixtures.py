@@ -3,6 +3,11 @@
 Run ``python tests/golden/make_fixtures.py`` after adding a message type (and its
 entry in ``examples.py``).  Existing fixtures are never overwritten: they record
 what v1 looked like on the wire, and readers must keep decoding them forever.
+
+Beside each fixture goes ``<tag>.json``, its decoded value in the language-neutral
+form of docs/protocol.md §12.1, made from the ``.msgpack`` bytes on disk (not from
+``examples.py``), so it always describes what the fixture holds.  A missing one is
+written; an existing one is left alone (the tests compare it with the bytes).
 """
 
 from __future__ import annotations
@@ -17,12 +22,17 @@ if str(ROOT) not in sys.path:
 
 from protocol import ANY, MESSAGE_TYPES  # noqa: E402
 from tests.golden.examples import examples  # noqa: E402
+from tests.golden.fixture_json import fixture_json_text  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "v1"
 
 
 def fixture_path(directory: Path, tag: str) -> Path:
     return directory / f"{tag}.msgpack"
+
+
+def json_path(directory: Path, tag: str) -> Path:
+    return directory / f"{tag}.json"
 
 
 def encoded_examples() -> dict[str, bytes]:
@@ -40,13 +50,11 @@ def encoded_examples() -> dict[str, bytes]:
     return encoded
 
 
-def write_fixtures(directory: Path) -> tuple[list[Path], list[Path]]:
-    """Write missing fixtures; return (written, skipped)."""
-    directory.mkdir(parents=True, exist_ok=True)
+def write_new(files: dict[Path, bytes]) -> tuple[list[Path], list[Path]]:
+    """Write each file that does not exist yet; return (written, skipped)."""
     written: list[Path] = []
     skipped: list[Path] = []
-    for tag, data in sorted(encoded_examples().items()):
-        path = fixture_path(directory, tag)
+    for path, data in files.items():
         try:
             # "x" fails if the file exists, so a fixture can never be replaced, even by a race.
             with path.open("xb") as file:
@@ -58,12 +66,34 @@ def write_fixtures(directory: Path) -> tuple[list[Path], list[Path]]:
     return written, skipped
 
 
+def write_fixtures(directory: Path) -> tuple[list[Path], list[Path]]:
+    """Write missing fixtures; return (written, skipped)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    encoded = sorted(encoded_examples().items())
+    return write_new({fixture_path(directory, tag): data for tag, data in encoded})
+
+
+def write_json(directory: Path) -> tuple[list[Path], list[Path]]:
+    """Write the missing ``.json`` of every fixture in ``directory``; return (written, skipped)."""
+    return write_new(
+        {
+            json_path(directory, fixture.stem): fixture_json_text(
+                fixture.stem, fixture.read_bytes()
+            ).encode()
+            for fixture in sorted(directory.glob("*.msgpack"))
+        }
+    )
+
+
 def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(directory: Path = FIXTURES) -> int:
     written, skipped = write_fixtures(directory)
+    json_written, json_skipped = write_json(directory)
+    written += json_written
+    skipped += json_skipped
     for path in written:
         print(f"wrote   {shown(path)} ({path.stat().st_size} bytes)")
     for path in skipped:

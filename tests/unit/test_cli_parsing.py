@@ -29,6 +29,7 @@ COMMANDS = (
     "replay",
     "dlq",
     "sandbox",
+    "domains",
     "model",
     "train",
 )

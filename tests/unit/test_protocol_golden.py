@@ -31,7 +31,8 @@ def test_every_message_type_has_a_fixture() -> None:
 
 def test_every_fixture_is_a_known_message_type() -> None:
     assert sorted(set(fixture_tags()) - set(MESSAGE_TYPES)) == []
-    assert all(path.suffix == ".msgpack" for path in FIXTURES.iterdir())
+    # Each fixture is its bytes plus their JSON form (docs/protocol.md §12.1), nothing else.
+    assert all(path.suffix in {".msgpack", ".json"} for path in FIXTURES.iterdir())
 
 
 def test_make_fixtures_writes_the_same_directory() -> None:
@@ -91,9 +92,10 @@ def test_make_fixtures_never_overwrites(tmp_path: Path) -> None:
 
 
 def test_make_fixtures_main_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Each tag gets its .msgpack and its .json.
     assert make_fixtures.main(tmp_path) == 0
-    assert capsys.readouterr().out.count("wrote") == len(MESSAGE_TYPES)
+    assert capsys.readouterr().out.count("wrote") == 2 * len(MESSAGE_TYPES)
     assert make_fixtures.main(tmp_path) == 0
     out = capsys.readouterr().out
     assert "wrote" not in out
-    assert out.count("skipped") == len(MESSAGE_TYPES)
+    assert out.count("skipped") == 2 * len(MESSAGE_TYPES)
