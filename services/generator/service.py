@@ -15,12 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-
 from protocol import streams, subjects
 from protocol.codec import Codec
-from protocol.errors import DecodeError
 from protocol.messages import (
     PolicyUpdate,
     Rollout,
@@ -38,6 +34,7 @@ from services.generator.tools import LocalTools, SandboxTools, ToolBox
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.jetstream import ConsumerSpec
+from services.runtime.policy import last_policy_update
 from services.runtime.priority import PriorityGate
 from services.runtime.responder import Request
 from services.runtime.service import Service
@@ -162,16 +159,9 @@ class GeneratorService(Service):
 
     async def _catch_up_weights(self) -> None:
         """A generator that starts late serves the newest announced policy from the start."""
-        try:
-            stored = await self.bus.js.get_last_msg(streams.POLICY.name, subjects.policy_update())
-        except (nats.js.errors.NotFoundError, nats.errors.Error):
-            return
-        try:
-            update: PolicyUpdate = Codec(PolicyUpdate).decode(stored.data or b"")
-        except DecodeError as error:
-            self.log.warning("bad_stored_policy_update", error=str(error))
-            return
-        await self._apply(update)
+        update = await last_policy_update(self.bus.js, self.log)
+        if update is not None:
+            await self._apply(update)
 
     async def _on_policy(self, update: PolicyUpdate, _: Request) -> None:
         await self._apply(update)

@@ -27,6 +27,7 @@ from protocol.messages import Batch, ErrorReply, PolicyUpdate, SampleRequest
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
+from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
 from services.runtime.stages import Stages
@@ -132,6 +133,25 @@ class LearnerService(Service):
             current = self.trainer.current_weights()
             if current is not None:
                 await self._announce(current)
+        await self._continue_lineage()
+
+    async def _continue_lineage(self) -> None:
+        """Number versions on from the newest one ever announced.
+
+        A learner that lost its checkpoint (or restarts from an older one) would otherwise
+        publish versions that generators already serve newer weights under and ignore.
+        """
+        announced = await last_policy_update(self.bus.js, self.log)
+        trainer = self.trainer
+        if announced is None or announced.version <= trainer.version:
+            return
+        self.log.warning(
+            "lineage_continued",
+            checkpoint_version=trainer.version,
+            announced_version=announced.version,
+        )
+        trainer.version = announced.version
+        trainer.consumed = max(trainer.consumed, announced.trained_samples)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [self._train_loop()]
