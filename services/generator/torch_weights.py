@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from services.model.tensors import tied_groups
+
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -64,7 +66,7 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) 
     ]
     if shapes:
         problems.append(f"wrong shapes {_few(shapes)}")
-    missing = [names[0] for names in _tied_groups(params) if not any(n in state for n in names)]
+    missing = [names[0] for names in tied_groups(params) if not any(n in state for n in names)]
     if missing:
         problems.append(f"missing tensors {_few(missing)}")
     if problems:
@@ -77,14 +79,6 @@ def apply_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) 
     with torch.no_grad():
         for name, tensor in state.items():
             params[name].copy_(tensor)
-
-
-def _tied_groups(params: Mapping[str, torch.Tensor]) -> list[list[str]]:
-    groups: dict[tuple[int, int], list[str]] = {}
-    for name, tensor in params.items():
-        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()))
-        groups.setdefault(key, []).append(name)
-    return list(groups.values())
 
 
 def _few(names: list[str], limit: int = 5) -> str:

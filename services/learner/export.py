@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from services.model.tensors import tied_groups
 from services.runtime.weights import bytes_digest
 
 WEIGHTS_FILE = "model.safetensors"
@@ -28,14 +29,8 @@ def unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     Tied parameters (an LM head sharing the embedding) can't be saved twice in
     safetensors; keeping the first name, the embedding's, is what ``save_pretrained`` does.
     """
-    seen: dict[tuple[int, int], str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()))
-        if key not in seen:
-            seen[key] = name
-            tensors[name] = tensor.detach().contiguous()
-    return tensors
+    state = model.state_dict()
+    return {names[0]: state[names[0]].detach().contiguous() for names in tied_groups(state)}
 
 
 def write_weights(model: torch.nn.Module, config_json: str, source: Path, target: Path) -> str:

@@ -97,13 +97,7 @@ class ReplayService(Service):
         budget = _SizeBudget(self.bus.max_payload - _ENVELOPE_BYTES)
         selection = self._select(request, budget)
         items, dropped = list(selection.items), selection.dropped_stale
-        while len(items) < request.max_samples and time.monotonic() < deadline:
-            self._arrived.clear()
-            try:
-                async with asyncio.timeout(deadline - time.monotonic()):
-                    await self._arrived.wait()
-            except TimeoutError:
-                break
+        while len(items) < request.max_samples and await self._arrival(deadline):
             more = self._select(request, budget, len(items))
             items.extend(more.items)
             dropped += more.dropped_stale
@@ -120,12 +114,18 @@ class ReplayService(Service):
     async def _until_available(self, request: SampleRequest, deadline: float) -> bool:
         """Wait until the buffer can serve ``request.min_samples``; False at the deadline."""
         while self._available(request) < request.min_samples:
-            self._arrived.clear()
-            try:
-                async with asyncio.timeout(deadline - time.monotonic()):
-                    await self._arrived.wait()
-            except TimeoutError:
+            if not await self._arrival(deadline):
                 return False
+        return True
+
+    async def _arrival(self, deadline: float) -> bool:
+        """Wait for the next rollout to arrive; False once the deadline passes first."""
+        self._arrived.clear()
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._arrived.wait()
+        except TimeoutError:
+            return False
         return True
 
     def _available(self, request: SampleRequest) -> int:
