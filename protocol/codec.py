@@ -3,6 +3,9 @@
 One :class:`Codec` is built per message type (or tagged union) and reused: the
 msgspec decoder is compiled once.  Decoding never raises anything but
 :class:`~protocol.errors.DecodeError` (or its subclass ``VersionError``).
+
+Messages nest (a ScoredRollout holds a Rollout, which holds a Task), and each carries
+its own ``v``: a version error names the nested one's path (``$.rollout.task.v``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Generic, TypeVar
 
 import msgspec
+import msgspec.inspect as mi
 
 from protocol.errors import DecodeError, ErrorCode, PayloadTooLarge, VersionError
 from protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, AnyMessage, Message
@@ -56,6 +60,9 @@ class Codec(Generic[M]):
         self.type = type_
         self._decoder: msgspec.msgpack.Decoder[M] = msgspec.msgpack.Decoder(type_)
         self._encoder = msgspec.msgpack.Encoder()
+        roots = _structs_in(mi.type_info(type_))
+        self._roots = tuple(info.cls for info in roots)
+        self._nested: _NestedPlan = _nested_plan(roots)
 
     def encode(self, message: M) -> bytes:
         return self._encoder.encode(message)
@@ -75,6 +82,8 @@ class Codec(Generic[M]):
         version = getattr(message, "v", PROTOCOL_VERSION)
         if version != PROTOCOL_VERSION:
             raise VersionError(version, PROTOCOL_VERSION)
+        if type(message) in self._nested and not _versions_agree(message, self._nested):
+            _check_nested(message, self._roots, "$", self._nested)  # raises, naming the path
         return message
 
     def _explain(
@@ -84,7 +93,7 @@ class Codec(Generic[M]):
             envelope = _envelope_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             envelope = _Envelope()
-        if envelope.v is not None and envelope.v != PROTOCOL_VERSION:
+        if _is_other_version(envelope.v):
             return VersionError(envelope.v, PROTOCOL_VERSION)
         if isinstance(envelope.type, str) and envelope.type not in MESSAGE_TYPES:
             return DecodeError(
@@ -92,10 +101,134 @@ class Codec(Generic[M]):
                 code=ErrorCode.UNKNOWN_TYPE,
                 field="$.type",
             )
+        nested = self._nested_version(data)
+        if nested is not None:
+            return nested
         path, message = field_path(error)
         return DecodeError(
             f"invalid message: {message} (at {path})", code=ErrorCode.VALIDATION, field=path
         )
+
+    def _nested_version(self, data: bytes | bytearray | memoryview) -> VersionError | None:
+        """As at the top level, a nested message of another version explains a failure
+        better than the field it trips over (that version may have changed the field)."""
+        if not self._nested:
+            return None
+        try:
+            value = msgspec.msgpack.decode(data)
+            _check_nested(value, self._roots, "$", self._nested)
+        except VersionError as error:
+            return error
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        return None
+
+
+#: Struct type -> its fields that can hold a message at some depth, as
+#: (attribute, wire name, the struct types a value there can be).
+_NestedPlan = dict[type, tuple[tuple[str, str, tuple[type, ...]], ...]]
+
+
+def _structs_in(info: mi.Type) -> list[mi.StructType]:
+    """The struct types a value of type ``info`` can be, itself or as items of an array."""
+    if isinstance(info, mi.StructType):
+        return [info]
+    if isinstance(info, mi.Metadata):
+        return _structs_in(info.type)
+    if isinstance(info, mi.UnionType):
+        return [found for member in info.types for found in _structs_in(member)]
+    if isinstance(info, mi.ListType | mi.VarTupleType | mi.SetType | mi.FrozenSetType):
+        return _structs_in(info.item_type)
+    # Map values are not followed: no message type holds messages in a map.
+    return []
+
+
+def _nested_plan(roots: list[mi.StructType]) -> _NestedPlan:
+    """Where messages can sit inside values of the ``roots`` types, built once per codec."""
+    plan: _NestedPlan = {}
+    seen: set[type] = set()
+    for info in roots:
+        _plan_struct(info, plan, seen)
+    return plan
+
+
+def _plan_struct(info: mi.StructType, plan: _NestedPlan, seen: set[type]) -> bool:
+    """Add ``info`` to ``plan`` if it can hold a message; True if it can."""
+    if info.cls in seen:
+        return info.cls in plan
+    seen.add(info.cls)
+    fields = []
+    for field in info.fields:
+        kinds = _structs_in(field.type)
+        deeper = [_plan_struct(kind, plan, seen) for kind in kinds]
+        if any(issubclass(k.cls, Message) or d for k, d in zip(kinds, deeper, strict=True)):
+            fields.append((field.name, field.encode_name, tuple(k.cls for k in kinds)))
+    if fields:
+        plan[info.cls] = tuple(fields)
+    return bool(fields)
+
+
+def _check_nested(value: object, kinds: tuple[type, ...], path: str, plan: _NestedPlan) -> None:
+    """Raise :class:`VersionError` for a message below ``path`` whose ``v`` is not ours.
+
+    ``value`` is a decoded struct, or the plain maps and arrays of an undecodable one
+    (then ``kinds`` tells which struct a map stands for).  The top level is not checked
+    here: its version is read before anything else.
+    """
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_nested(item, kinds, f"{path}[{index}]", plan)
+        return
+    if isinstance(value, msgspec.Struct):
+        cls: type | None = type(value)
+        fields: Mapping[str, object] | None = None
+    elif isinstance(value, dict):
+        cls, fields = _kind_of(value, kinds), value
+    else:
+        return
+    if cls is None:
+        return
+    if path != "$" and issubclass(cls, Message):
+        version = getattr(value, "v", None) if fields is None else fields.get("v")
+        if _is_other_version(version):
+            raise VersionError(version, PROTOCOL_VERSION, field=f"{path}.v")
+    for name, wire, inner in plan.get(cls, ()):
+        child = getattr(value, name) if fields is None else fields.get(wire)
+        _check_nested(child, inner, f"{path}.{wire}", plan)
+
+
+def _is_other_version(value: object) -> bool:
+    """An integer ``v`` that is not ours.  A ``v`` of another type is a plain validation
+    error: ``"2"``, ``2.0`` or a nested array (whose repr could be anything) is no version."""
+    return isinstance(value, int) and not isinstance(value, bool) and value != PROTOCOL_VERSION
+
+
+def _versions_agree(value: object, plan: _NestedPlan) -> bool:
+    """Whether every message nested in a decoded ``value`` is of our version.
+
+    :func:`_check_nested` without the paths: this runs for every message decoded, and
+    building paths (or generators) would cost more than the checks.
+    """
+    for name, _, _ in plan.get(type(value), ()):
+        child = getattr(value, name)
+        for item in child if isinstance(child, list | tuple) else (child,):
+            if isinstance(item, Message) and item.v != PROTOCOL_VERSION:
+                return False
+            if type(item) in plan and not _versions_agree(item, plan):
+                return False
+    return True
+
+
+def _kind_of(value: dict[Any, Any], kinds: tuple[type, ...]) -> type | None:
+    """Which of ``kinds`` a plain map stands for: by its tag, else the only one there is."""
+    tag = value.get("type")
+    for kind in kinds:
+        if (
+            tag is not None
+            and getattr(getattr(kind, "__struct_config__", None), "tag", None) == tag
+        ):
+            return kind
+    return kinds[0] if len(kinds) == 1 else None
 
 
 #: Decodes any v1 message; for tools (``temper tail``) that do not know what a subject carries.

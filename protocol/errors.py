@@ -46,13 +46,16 @@ class DecodeError(ProtocolError):
 
 
 class VersionError(DecodeError):
-    """The message declares a protocol major version this reader does not speak."""
+    """The message, or a message nested in it, declares a protocol major version this reader
+    does not speak; ``field`` is where (``$.v``, ``$.rollout.task.v``)."""
 
-    def __init__(self, got: object, supported: int) -> None:
+    def __init__(self, got: object, supported: int, *, field: str = "$.v") -> None:
+        # A nested message (a Rollout's task) names where it sits; the top level needs no path.
+        where = "" if field == "$.v" else f" at {field}"
         super().__init__(
-            f"protocol version {got!r} is not supported (this reader speaks {supported})",
+            f"protocol version {got!r}{where} is not supported (this reader speaks {supported})",
             code=ErrorCode.UNSUPPORTED_VERSION,
-            field="$.v",
+            field=field,
         )
         self.got = got
         self.supported = supported

@@ -364,6 +364,9 @@ class SampleRequest(Message, tag="sample_request"):
     #: Serve nothing unless this many samples are ready within ``wait_s``: a batch too
     #: small to train on stays in the buffer instead of being handed out and lost.
     min_samples: NonNegInt = 0
+    #: Hold the served rollouts as leased until a BatchCommit names them (exactly-once
+    #: training); False acks them as they are served.
+    lease: bool = False
 
 
 class Batch(Message, tag="batch"):
@@ -372,6 +375,38 @@ class Batch(Message, tag="batch"):
     status: BatchStatus = BatchStatus.OK
     dropped_stale: NonNegInt = 0
     remaining: NonNegInt = 0
+    #: Trace id of each served rollout (by rollout id), for the learner's ledger.
+    traces: dict[str, str] = {}
+
+
+class BatchCommit(Message, tag="batch_commit"):
+    """Rollouts whose training step is durable: the buffer acks them for good.
+
+    Idempotent: ids the buffer no longer holds are counted as unknown, not refused.
+    """
+
+    id: str
+    rollout_ids: list[str]
+    #: The learner instance and the step through which these rollouts were trained.
+    learner: str = ""
+    through_step: NonNegInt = 0
+
+
+class LeaseRelease(Message, tag="lease_release"):
+    """A learner (re)started: every leased rollout it did not commit goes back to the buffer."""
+
+    id: str
+    learner: str = ""
+
+
+class CommitReply(Message, tag="commit_reply"):
+    request_id: str
+    #: Rollouts acked by this commit; ids no longer held (already committed, or
+    #: redelivered and not seen yet) count as unknown.
+    committed: NonNegInt = 0
+    unknown: NonNegInt = 0
+    #: Leased rollouts handed back to the buffer by a LeaseRelease.
+    released: NonNegInt = 0
 
 
 # --------------------------------------------------------------------------- weights
@@ -428,6 +463,8 @@ class Heartbeat(Message, tag="heartbeat"):
     sent_at: float = 0.0
     in_flight: NonNegInt = 0
     detail: str = ""
+    #: The policy version the instance serves (generators); None for services without one.
+    policy_version: NonNegInt | None = None
 
 
 class Stats(Message, tag="stats"):
@@ -449,6 +486,13 @@ class ServiceStatus(Record):
     age_s: NonNegFloat
     in_flight: NonNegInt = 0
     detail: str = ""
+    #: Silent for longer than the control service's bound: most likely dead (killed, host
+    #: lost). ``state`` and ``healthy`` are then what its last heartbeat said.
+    gone: bool = False
+    #: From its heartbeat: the policy version it serves (generators), else None.
+    policy_version: NonNegInt | None = None
+    #: Behind the newest announced policy version for longer than the control's bound.
+    lagging: bool = False
 
 
 class StreamStatus(Record):
@@ -570,6 +614,9 @@ AnyMessage = (
     | ScoredRollout
     | SampleRequest
     | Batch
+    | BatchCommit
+    | LeaseRelease
+    | CommitReply
     | PolicyUpdate
     | WeightSyncAck
     | Heartbeat

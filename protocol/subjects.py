@@ -79,6 +79,11 @@ def replay_sample() -> str:
     return f"{PREFIX}.replay.sample"
 
 
+def replay_commit() -> str:
+    """Request/reply: BatchCommit | LeaseRelease -> CommitReply."""
+    return f"{PREFIX}.replay.commit"
+
+
 def domains() -> str:
     """Request/reply (queue group ``validator``): DomainsRequest -> DomainList."""
     return f"{PREFIX}.domains"

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from services.cli import dlq, domains, messages, model, sandbox, stack, train
+from services.cli import dlq, domains, ledger, messages, model, sandbox, stack, train
 from services.cli.common import CliError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.register(commands)
     domains.register(commands)
     model.register(commands)
+    ledger.register(commands)
     train.register(commands)
     return parser
 

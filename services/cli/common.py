@@ -34,11 +34,15 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return uvloop.run(main())
 
 
-async def connect(url: str, name: str = "temper-cli", timeout_s: float = 3.0) -> NATS:
+async def connect(
+    url: str, name: str = "temper-cli", timeout_s: float = 3.0, *, ride_through: bool = False
+) -> NATS:
     """Connect once; a CLI command fails fast with a clear message instead of retrying.
 
     nats-py retries the first connection forever when ``max_reconnect_attempts`` is 0,
-    hence one attempt, and a deadline over the whole call.
+    hence one attempt, and a deadline over the whole call.  A long-running command that
+    must outlive a restart of the server (``temper train``) asks to ``ride_through``:
+    once connected, it reconnects for as long as it runs.
     """
     nc = NATS()
     try:
@@ -47,9 +51,9 @@ async def connect(url: str, name: str = "temper-cli", timeout_s: float = 3.0) ->
                 url,
                 name=name,
                 connect_timeout=max(1, math.ceil(timeout_s)),
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0,
+                allow_reconnect=ride_through,
+                max_reconnect_attempts=-1 if ride_through else 1,
+                reconnect_time_wait=1 if ride_through else 0,
                 error_cb=_silence,
             ),
             timeout_s + 1,

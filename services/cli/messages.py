@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 import time
@@ -20,7 +21,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from protocol import headers as h
-from protocol.client import StackUnavailable, TemperClient
+from protocol.client import DEFAULT_RECONNECT_S, StackUnavailable, TemperClient
 from protocol.codec import ANY, field_path
 from protocol.errors import DecodeError, ProtocolError
 from protocol.messages import Task
@@ -40,12 +41,14 @@ def register(commands: Any) -> None:
     submit.add_argument("file", type=Path, help="JSONL; '-' reads standard input")
     submit.add_argument("--wait", action="store_true", help="wait for every task's scored rollouts")
     submit.add_argument("--timeout", type=float, default=600.0, help="seconds to wait with --wait")
+    _reconnect_option(submit)
     submit.set_defaults(run=cmd_submit)
 
     tail = commands.add_parser("tail", help="print decoded messages on SUBJECT (wildcards allowed)")
     tail.add_argument("subject", help="e.g. 'temper.v1.>' or 'temper.v1.task.>'")
     tail.add_argument("--count", type=int, default=0, help="stop after N messages")
     tail.add_argument("--raw", action="store_true", help="show packed arrays as base64")
+    _reconnect_option(tail)
     tail.set_defaults(run=cmd_tail)
 
     record = commands.add_parser(
@@ -71,6 +74,26 @@ def register(commands: Any) -> None:
         help="keep Nats-Msg-Id headers (the stream then drops what it has already seen)",
     )
     replay.set_defaults(run=cmd_replay)
+
+
+def _reconnect_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=DEFAULT_RECONNECT_S,
+        metavar="S",
+        help="when NATS goes away (a restarted nats-server comes back by itself), "
+        "keep trying this many seconds before giving up (default %(default)g)",
+    )
+
+
+async def _client(url: str, name: str, reconnect_s: float) -> TemperClient:
+    try:
+        return await TemperClient.connect(
+            url, name=name, connect_timeout_s=3, reconnect_s=reconnect_s
+        )
+    except StackUnavailable as error:
+        raise CliError(str(error)) from None
 
 
 # ---------------------------------------------------------------- submit
@@ -120,14 +143,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise CliError(f"{args.file}: no such file", 2)
         with args.file.open() as handle:
             tasks = list(read_tasks(handle))
-    return run(lambda: _submit(args.nats_url, tasks, args.wait, args.timeout))
+    return run(
+        lambda: _submit(args.nats_url, tasks, args.wait, args.timeout, args.reconnect_timeout)
+    )
 
 
-async def _submit(url: str, tasks: list[Task], wait: bool, timeout_s: float) -> int:
-    try:
-        client = await TemperClient.connect(url, name="temper-submit", connect_timeout_s=3)
-    except StackUnavailable as error:
-        raise CliError(str(error)) from None
+async def _submit(
+    url: str, tasks: list[Task], wait: bool, timeout_s: float, reconnect_s: float
+) -> int:
+    client = await _client(url, "temper-submit", reconnect_s)
     async with client:
         try:
             receipts = await client.submit_many(tasks)
@@ -157,13 +181,17 @@ async def _wait_all(client: TemperClient, tasks: list[Task], timeout_s: float) -
         await asyncio.gather(*(one(task) for task in tasks))
     except TimeoutError as error:
         raise CliError(str(error) or f"timed out after {timeout_s}s") from None
+    except ProtocolError as error:
+        raise CliError(str(error)) from None
 
 
 # ---------------------------------------------------------------- tail
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    return run(lambda: _tail(args.nats_url, args.subject, args.count, args.raw))
+    return run(
+        lambda: _tail(args.nats_url, args.subject, args.count, args.raw, args.reconnect_timeout)
+    )
 
 
 def describe(msg: Msg, raw: bool) -> dict[str, Any]:
@@ -186,20 +214,20 @@ def describe(msg: Msg, raw: bool) -> dict[str, Any]:
     return record
 
 
-async def _tail(url: str, subject: str, count: int, raw: bool) -> int:
-    nc = await connect(url, "temper-tail")
+async def _tail(url: str, subject: str, count: int, raw: bool, reconnect_s: float) -> int:
+    client = await _client(url, "temper-tail", reconnect_s)
     stop = stop_event()
     seen = 0
-    try:
-        sub = await nc.subscribe(subject)
+    async with client, contextlib.aclosing(client.messages(subject)) as messages:
         while not stop.is_set() and (count == 0 or seen < count):
-            msg = await until(stop, sub.next_msg(timeout=None))
+            try:
+                msg = await until(stop, anext(messages))
+            except StackUnavailable as error:
+                raise CliError(str(error)) from None
             if msg is None:
                 break
             emit_json(describe(msg, raw))
             seen += 1
-    finally:
-        await nc.close()
     return 0
 
 

@@ -19,6 +19,7 @@ from protocol.errors import DecodeError
 from protocol.messages import Heartbeat, StackStatus
 from services import registry
 from services.cli.common import CliError, connect, emit_json, run, stop_event
+from services.cli.status_view import print_status
 from services.runtime import logs
 from services.runtime.natsserver import NatsServerError
 from services.runtime.service import Service
@@ -209,8 +210,17 @@ async def _status(url: str, timeout_s: float, as_json: bool) -> int:
     if as_json:
         emit_json(status)
     else:
-        _print_status(url, status)
-    return 0 if status.services and all(s.healthy for s in status.services) else 1
+        print_status(url, status)
+    return 0 if _healthy(status) else 1
+
+
+def _healthy(status: StackStatus) -> bool:
+    """Every instance still there is healthy, and every service has one.  A gone instance
+    whose service was restarted does not make the stack sick; a service whose only
+    instance is gone does."""
+    present = [s for s in status.services if not s.gone]
+    missing = {s.service for s in status.services} - {s.service for s in present}
+    return bool(present) and not missing and all(s.healthy for s in present)
 
 
 async def _status_without_control(client: TemperClient, timeout_s: float) -> int:
@@ -220,25 +230,6 @@ async def _status_without_control(client: TemperClient, timeout_s: float) -> int
         health = "healthy" if beat.healthy else "UNHEALTHY"
         print(f"{beat.service:<12} {beat.instance:<24} {beat.state.value:<9} {health}")
     return 1
-
-
-def _print_status(url: str, status: StackStatus) -> None:
-    print(f"NATS         {url}  ok")
-    print(
-        f"{'SERVICE':<12} {'INSTANCE':<24} {'STATE':<9} {'HEALTH':<10} "
-        f"{'IN-FLIGHT':>9}  {'LAST SEEN':>9}"
-    )
-    for s in status.services:
-        health = "healthy" if s.healthy else "UNHEALTHY"
-        print(
-            f"{s.service:<12} {s.instance:<24} {s.state.value:<9} {health:<10} "
-            f"{s.in_flight:>9}  {s.age_s:>8.1f}s" + (f"  {s.detail}" if s.detail else "")
-        )
-    print(f"{'STREAM':<20} {'MESSAGES':>9} {'BYTES':>12} {'CONSUMERS':>9} {'PENDING':>8}")
-    for st in status.streams:
-        print(f"{st.name:<20} {st.messages:>9} {st.bytes:>12} {st.consumers:>9} {st.pending:>8}")
-    hint = "  (temper dlq list)" if status.dead_letters else ""
-    print(f"dead letters: {status.dead_letters}{hint}")
 
 
 def cmd_check(args: argparse.Namespace) -> int:

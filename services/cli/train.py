@@ -14,11 +14,12 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -185,7 +186,7 @@ async def _train(plan: TrainPlan, model: Path) -> int:
     supervisor = Supervisor(_stack(plan, model), say=say)
     try:
         await supervisor.start()
-        nc = await connect(supervisor.nats_url, "temper-train")
+        nc = await connect(supervisor.nats_url, "temper-train", ride_through=True)
         try:
             outcome = await _run_until_done(plan, nc, supervisor, stop)
         finally:
@@ -223,6 +224,9 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         "TEMPER_LEARNER_LR": str(plan.lr),
         "TEMPER_LEARNER_LR_DECAY_STEPS": str(plan.lr_decay_steps),
         "TEMPER_LEARNER_MAX_STALENESS": str(plan.max_staleness),
+        # A checkpoint of the tiny policy takes ~15 ms: every other batch keeps the leased
+        # (trained, not yet committed) rollouts well inside the replay buffer's capacity.
+        "TEMPER_LEARNER_CHECKPOINT_EVERY": "2",
         "TEMPER_STATS_S": "2",
     }
     return StackSettings(run_dir=plan.run_dir, nats_port=plan.nats_port, services=SERVICES, env=env)
@@ -276,12 +280,12 @@ async def _run_until_done(
     next_eval = plan.eval_every or None
     try:
         while not stop.is_set() and not _done(plan, clock, steps) and not watcher.done():
-            await feeder.top_up()
+            await _while_bus_is_up(feeder.top_up())
             collect()
             version = steps[-1]["version"] if steps else 0
             if next_eval is not None and version >= next_eval and not runner.busy:
-                await runner.submit(clock.elapsed())
-                next_eval = version + plan.eval_every
+                if await _while_bus_is_up(runner.submit(clock.elapsed())):
+                    next_eval = version + plan.eval_every
             await asyncio.sleep(0.5)
         progress.close()
         if not stop.is_set() and not watcher.done():
@@ -292,6 +296,17 @@ async def _run_until_done(
         scalars.close()
         last_stats.write(plan.run_dir / "stats.json")
     return Outcome(steps=steps, heldout=runner.results, started_at=clock.started_at)
+
+
+async def _while_bus_is_up(work: Coroutine[Any, Any, None]) -> bool:
+    """Run ``work``; False when the bus is away (the supervisor restarts a killed
+    nats-server, and the connection comes back): the loop tries again on its next turn."""
+    try:
+        await work
+    except (nats.errors.Error, TimeoutError) as error:
+        say(f"the bus is unavailable ({type(error).__name__}); retrying")
+        return False
+    return True
 
 
 def _done(plan: TrainPlan, clock: _Clock, steps: list[dict[str, Any]]) -> bool:

@@ -1,14 +1,16 @@
 """Keeps the latest heartbeat of every service instance and answers StatusRequests.
 
 A client in any language gets the state of the whole stack with one request on
-``temper.v1.control.status``: services (healthy, draining, silent), stream
-depths and the dead-letter count.
+``temper.v1.control.status``: services (healthy, draining, silent, gone; the policy
+version each generator serves and whether it lags), stream depths and the dead-letter
+count.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Final
 
 import nats.errors
 from nats.js import api
@@ -17,24 +19,36 @@ from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.messages import (
     Heartbeat,
+    PolicyUpdate,
     ServiceState,
     ServiceStatus,
     StackStatus,
     StatusRequest,
     StreamStatus,
 )
+from services.runtime.policy import last_policy_update
 from services.runtime.responder import Request
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
 
+#: Announced versions remembered to date a lag; an older one counts as announced no later
+#: than the oldest kept.
+KEEP_VERSIONS: Final = 1024
+
 
 @dataclass(frozen=True, kw_only=True)
 class ControlSettings:
+    """Bounds on silence, against the default heartbeat every 5 s (``heartbeat_s``)."""
+
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
-    #: An instance silent for this long is reported unhealthy ...
-    stale_after_s: float = 15.0
+    #: An instance silent for this long is reported unhealthy (maybe only slow) ...
+    stale_after_s: float = 10.0
+    #: ... as gone after this long (killed, or its host lost) ...
+    gone_after_s: float = 20.0
     #: ... and forgotten after this long (or at once after it said it stopped).
-    forget_after_s: float = 120.0
+    forget_after_s: float = 60.0
+    #: An instance behind the newest announced policy version for longer than this lags.
+    lagging_after_s: float = 60.0
 
 
 @dataclass(slots=True)
@@ -43,24 +57,108 @@ class _Seen:
     at: float
 
 
+class Announcements:
+    """When each policy version was first announced, on this process's monotonic clock."""
+
+    def __init__(self, keep: int = KEEP_VERSIONS) -> None:
+        self._keep = keep
+        self._at: dict[int, float] = {}
+
+    def announced(self, version: int, now: float) -> None:
+        if version in self._at:
+            return  # re-announced (trained_samples moved on): the first time is what counts
+        self._at[version] = now
+        if len(self._at) > self._keep:
+            del self._at[min(self._at)]
+
+    @property
+    def newest(self) -> int | None:
+        return max(self._at, default=None)
+
+    def behind_since(self, version: int) -> float | None:
+        """Since when a version newer than ``version`` exists; None if none does."""
+        return min((at for v, at in self._at.items() if v > version), default=None)
+
+
+class Roster:
+    """Every instance heard from, judged against the bounds; pure (time is passed in)."""
+
+    def __init__(self, settings: ControlSettings) -> None:
+        self.settings = settings
+        self.policy = Announcements()
+        self._seen: dict[tuple[str, str], _Seen] = {}
+
+    def heard(self, heartbeat: Heartbeat, now: float) -> None:
+        key = (heartbeat.service, heartbeat.instance)
+        if heartbeat.state is ServiceState.STOPPED:
+            self._seen.pop(key, None)
+            return
+        self._seen[key] = _Seen(heartbeat, now)
+
+    def statuses(self, now: float, mine: Heartbeat) -> list[ServiceStatus]:
+        """The listing, with ``mine`` (the caller's own heartbeat) as if just heard."""
+        self._forget(now)
+        seen = dict(self._seen)
+        seen.setdefault((mine.service, mine.instance), _Seen(mine, now))
+        out = [self._status_of(one, now) for one in seen.values()]
+        return sorted(out, key=lambda s: (s.service, s.instance))
+
+    def _status_of(self, seen: _Seen, now: float) -> ServiceStatus:
+        beat = seen.heartbeat
+        age_s = now - seen.at
+        fresh = age_s <= self.settings.stale_after_s
+        return ServiceStatus(
+            service=beat.service,
+            instance=beat.instance,
+            state=beat.state,
+            healthy=beat.healthy and fresh,
+            age_s=age_s,
+            in_flight=beat.in_flight,
+            detail=beat.detail if fresh else f"no heartbeat for {age_s:.0f}s",
+            gone=age_s > self.settings.gone_after_s,
+            policy_version=beat.policy_version,
+            lagging=self._lagging(beat.policy_version, now),
+        )
+
+    def _lagging(self, version: int | None, now: float) -> bool:
+        if version is None:
+            return False
+        since = self.policy.behind_since(version)
+        return since is not None and now - since > self.settings.lagging_after_s
+
+    def _forget(self, now: float) -> None:
+        for key, seen in list(self._seen.items()):
+            if now - seen.at > self.settings.forget_after_s:
+                del self._seen[key]
+
+
 class ControlService(Service):
     name = "control"
 
     def __init__(self, settings: ControlSettings) -> None:
         super().__init__(settings.runtime)
         self.settings = settings
-        self._seen: dict[tuple[str, str], _Seen] = {}
+        self.roster = Roster(settings)
 
     async def setup(self) -> None:
         self.listen(subjects.heartbeats(), Codec(Heartbeat), self._on_heartbeat)
+        self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
         self.respond(subjects.status(), Codec(StatusRequest), self._on_status)
+        await self._catch_up_policy()
+
+    async def reconnected(self) -> None:
+        await self._catch_up_policy()  # an update announced while away dates the lag
+
+    async def _catch_up_policy(self) -> None:
+        update = await last_policy_update(self.bus.js, self.log)
+        if update is not None:
+            self.roster.policy.announced(update.version, time.monotonic())
 
     async def _on_heartbeat(self, heartbeat: Heartbeat, _: Request) -> None:
-        key = (heartbeat.service, heartbeat.instance)
-        if heartbeat.state is ServiceState.STOPPED:
-            self._seen.pop(key, None)
-            return
-        self._seen[key] = _Seen(heartbeat, time.monotonic())
+        self.roster.heard(heartbeat, time.monotonic())
+
+    async def _on_policy(self, update: PolicyUpdate, _: Request) -> None:
+        self.roster.policy.announced(update.version, time.monotonic())
 
     async def _on_status(self, _: StatusRequest, __: Request) -> StackStatus:
         return StackStatus(
@@ -71,31 +169,7 @@ class ControlService(Service):
         )
 
     def services(self) -> list[ServiceStatus]:
-        now = time.monotonic()
-        self._forget(now)
-        out = [self._status_of(seen, now - seen.at) for seen in self._seen.values()]
-        mine = self.heartbeat()
-        if (mine.service, mine.instance) not in self._seen:
-            out.append(self._status_of(_Seen(mine, now), 0.0))
-        return sorted(out, key=lambda s: (s.service, s.instance))
-
-    def _status_of(self, seen: _Seen, age_s: float) -> ServiceStatus:
-        beat = seen.heartbeat
-        fresh = age_s <= self.settings.stale_after_s
-        return ServiceStatus(
-            service=beat.service,
-            instance=beat.instance,
-            state=beat.state,
-            healthy=beat.healthy and fresh,
-            age_s=age_s,
-            in_flight=beat.in_flight,
-            detail=beat.detail if fresh else f"no heartbeat for {age_s:.0f}s",
-        )
-
-    def _forget(self, now: float) -> None:
-        for key, seen in list(self._seen.items()):
-            if now - seen.at > self.settings.forget_after_s:
-                del self._seen[key]
+        return self.roster.statuses(time.monotonic(), self.heartbeat())
 
     async def _streams(self) -> list[StreamStatus]:
         out = []

@@ -15,6 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
+
 from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.messages import (
@@ -42,6 +45,9 @@ from services.runtime.stages import Stages
 from services.runtime.weights import verify_digest
 
 DURABLE = "generator"
+#: After a reconnect, how long to wait for JetStream to answer again (a restarted server
+#: recovers its streams first) before the catch-up reads the policy stream anyway.
+JETSTREAM_READY_S = 10.0
 
 
 class GeneratorService(Service):
@@ -163,6 +169,26 @@ class GeneratorService(Service):
         if update is not None:
             await self._apply(update)
 
+    async def reconnected(self) -> None:
+        """Updates announced while disconnected were missed: serve the newest one at once,
+        not only once the next one comes."""
+        await self._jetstream_ready(JETSTREAM_READY_S)
+        await self._catch_up_weights()
+
+    async def _jetstream_ready(self, bound_s: float) -> None:
+        deadline = time.monotonic() + bound_s
+        while True:
+            try:
+                await self.bus.js.stream_info(streams.POLICY.name)
+                return
+            except nats.js.errors.NotFoundError:
+                return  # JetStream answers; nothing was ever announced
+            except (nats.errors.Error, TimeoutError) as error:
+                if time.monotonic() >= deadline:
+                    self.log.warning("policy_stream_unavailable", error=repr(error))
+                    return
+                await asyncio.sleep(0.1)
+
     async def _on_policy(self, update: PolicyUpdate, _: Request) -> None:
         await self._apply(update)
 
@@ -207,6 +233,9 @@ class GeneratorService(Service):
         return None
 
     # ------------------------------------------------------------------ reporting
+
+    def served_policy_version(self) -> int:
+        return self.version
 
     def health(self) -> tuple[bool, str]:
         ok, detail = super().health()

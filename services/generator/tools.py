@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import nats.errors
+import structlog
 from nats.aio.client import Client as NATS
 
-from protocol import subjects
+from protocol import headers, subjects
 from protocol.codec import Codec, encode
 from protocol.errors import DecodeError
 from protocol.messages import (
@@ -126,22 +127,33 @@ class SandboxTools:
         self._timeout_s = timeout_s
 
     async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession:
-        return _SandboxSession(self._nc, trajectory_id, allowed, self._timeout_s)
+        return _SandboxSession(self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers())
 
 
 class _SandboxSession:
     """Opened lazily on the first call, so a conversation without tool calls costs nothing."""
 
-    def __init__(self, nc: NATS, trajectory_id: str, allowed: tuple[str, ...], timeout_s: float):
+    def __init__(
+        self,
+        nc: NATS,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        timeout_s: float,
+        trace: dict[str, str],
+    ):
         self._nc = nc
         self._id = re.sub(r"[^A-Za-z0-9_-]", "-", trajectory_id)
         self._allowed = allowed
         self._timeout_s = timeout_s
+        #: Every request of the session carries the trace id of the task it works for.
+        self._trace = trace
         self._session: SandboxSession | None = None
 
     async def _request(self, subject: str, payload: bytes) -> bytes:
         try:
-            reply = await self._nc.request(subject, payload, timeout=self._timeout_s)
+            reply = await self._nc.request(
+                subject, payload, timeout=self._timeout_s, headers=self._trace or None
+            )
         except (nats.errors.Error, TimeoutError) as error:
             raise ToolInfraError(
                 f"sandbox service did not answer on {subject}: {error!r}"
@@ -183,10 +195,20 @@ class _SandboxSession:
             # Best effort: an unclosed session is reclaimed by its lease anyway.
             try:
                 await self._nc.request(
-                    session.subject, encode(SandboxClose(session=session.session)), timeout=5
+                    session.subject,
+                    encode(SandboxClose(session=session.session)),
+                    timeout=5,
+                    headers=self._trace or None,
                 )
             except (nats.errors.Error, TimeoutError):
                 return
+
+
+def _trace_headers() -> dict[str, str]:
+    # The runtime binds the task's trace id while its handler runs, and the session is
+    # opened there: read it once, so calls made from any task of the loop carry it.
+    trace_id = structlog.contextvars.get_contextvars().get("trace_id")
+    return {headers.TRACE_ID: headers.clean(str(trace_id))} if trace_id else {}
 
 
 def _decoded_session(data: bytes) -> SandboxSession:

@@ -5,6 +5,15 @@ groups within the staleness bound), takes one optimizer step, and every
 ``publish_every`` steps writes the weights as a Hugging Face directory and announces
 them with a PolicyUpdate (version, path, digest).  Training metrics go to the stats
 subject, Prometheus and ``OUT_DIR/metrics.jsonl``.
+
+Exactly-once: batches are leased, not acked, when served.  Every step is recorded in
+the provenance ledger (``OUT_DIR/ledger.jsonl``); a checkpoint is taken every
+``checkpoint_every`` batches (or sooner when ``commit_samples`` are waiting), and the
+rollouts of the interval before it are then committed, so the buffer acks them for
+good.  Commits trail one checkpoint so that a damaged newest checkpoint loses nothing.
+A learner that restarts resumes its newest readable checkpoint, releases the leases it
+did not commit (the buffer serves them again) and recognises, by the ledger, rollouts it
+had trained already, which it commits without training them twice.
 """
 
 from __future__ import annotations
@@ -23,7 +32,18 @@ import nats.errors
 from protocol import subjects
 from protocol.codec import Codec, encode
 from protocol.errors import DecodeError
-from protocol.messages import Batch, ErrorReply, PolicyUpdate, SampleRequest
+from protocol.messages import (
+    Batch,
+    BatchCommit,
+    CommitReply,
+    ErrorReply,
+    LeaseRelease,
+    PolicyUpdate,
+    SampleRequest,
+    ScoredRollout,
+)
+from services.learner.acks import AckSettings, WeightAcks
+from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
@@ -33,6 +53,7 @@ from services.runtime.settings import RuntimeSettings
 from services.runtime.stages import Stages
 
 _BATCH_REPLY: Codec[Batch | ErrorReply] = Codec(Batch | ErrorReply)
+_COMMIT_REPLY: Codec[CommitReply | ErrorReply] = Codec(CommitReply | ErrorReply)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +90,19 @@ class LearnerSettings:
     max_staleness: int | None = None
     #: Publish a new policy version every this many steps.
     publish_every: int = 1
+    #: A checkpoint (then a commit of the interval before it) every this many batches ...
     checkpoint_every: int = 10
+    #: ... or as soon as this many trained samples wait for one: the buffer holds up to
+    #: about twice this many leased (commits trail one checkpoint), within its capacity.
+    commit_samples: int = 1024
+    keep_checkpoints: int = 3
     keep_versions: int = 3
+    #: Lease batches until committed (exactly-once); False acks them when served.
+    lease: bool = True
+    commit_timeout_s: float = 10.0
+    #: How long a round waits for every live generator to ack a new version (training
+    #: goes on meanwhile); generators that don't are reported lagging.
+    weight_ack_timeout_s: float = 60.0
     #: How long the buffer may take to fill a batch; a partial batch is trained on.
     sample_wait_s: float = 5.0
     #: The smallest batch worth a step: the buffer keeps a smaller one until it grows.
@@ -95,6 +127,7 @@ class LearnerSettings:
                 entropy_coef=self.entropy_coef,
             ),
             seed=self.seed,
+            keep_checkpoints=self.keep_checkpoints,
         )
 
 
@@ -109,7 +142,21 @@ class LearnerService(Service):
         self.failures = 0
         self.refused = 0
         self.skipped = 0
+        #: Rollouts served again after they were trained: committed, not trained twice.
+        self.served_again = 0
+        self.commits = 0
+        self.commit_failures = 0
+        #: Rollouts sampled by a version newer than the learner's (lineage rules it out).
+        self.negative_staleness = 0
         self._scalars: Scalars | None = None
+        self._ledger = Ledger(settings.out_dir)
+        self.acks = WeightAcks(AckSettings(timeout_s=settings.weight_ack_timeout_s), self.log)
+        self._since_checkpoint = 0
+        #: The version announced last, with its digest (for the ledger).
+        self._exported: Exported | None = None
+        #: The step in flight (train, publish, record): finished even when the service
+        #: stops, so no weight change goes unrecorded.
+        self._current: asyncio.Future[None] | None = None
 
     @property
     def trainer(self) -> Trainer:
@@ -119,6 +166,7 @@ class LearnerService(Service):
 
     async def setup(self) -> None:
         settings = self.settings
+        self.acks.listen(self)
         if settings.threads:
             import torch
 
@@ -128,12 +176,40 @@ class LearnerService(Service):
         self._trainer = await asyncio.to_thread(
             Trainer, settings.model, settings.out_dir, settings.trainer_config(), settings.device
         )
-        if await asyncio.to_thread(self.trainer.resume):
-            self.log.info("resumed", step=self.trainer.step, version=self.trainer.version)
-            current = self.trainer.current_weights()
-            if current is not None:
-                await self._announce(current)
+        await self._resume()
         await self._continue_lineage()
+        if settings.lease:
+            await self._release_leases()
+
+    async def _resume(self) -> None:
+        loaded = await asyncio.to_thread(self.trainer.resume)
+        trainer = self.trainer
+        ledger = loaded.state.get("extra", {}).get("ledger", {}) if loaded else {}
+        self._ledger.resume(
+            position=int(ledger.get("position", 0)),
+            recent=list(ledger.get("recent", [])),
+            step=trainer.step,
+            version=trainer.version,
+        )
+        if loaded is None:
+            return
+        self.log.info(
+            "resumed",
+            step=trainer.step,
+            version=trainer.version,
+            checkpoint=str(loaded.path),
+            skipped_unreadable=[str(e.path) for e in loaded.skipped],
+        )
+        current = trainer.current_weights()
+        if current is not None:
+            await self._announce(current)
+
+    async def _release_leases(self) -> None:
+        """What an earlier run of this learner leased and never committed is served again."""
+        release = LeaseRelease(id=uuid.uuid4().hex, learner=self.instance)
+        reply = await self._commit_request(release)
+        if reply is not None:
+            self.log.info("leases_released", rollouts=reply.released)
 
     async def _continue_lineage(self) -> None:
         """Number versions on from the newest one ever announced.
@@ -154,32 +230,87 @@ class LearnerService(Service):
         trainer.consumed = max(trainer.consumed, announced.trained_samples)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
-        return [self._train_loop()]
+        return [self._train_loop(), self.acks.run()]
 
     async def _train_loop(self) -> None:
         while True:
             stages = Stages()
             with stages.stage("batch"):
                 batch = await self._next_batch()
-            # The buffer serves nothing below ``min_samples``; what it serves is trained on,
-            # since samples handed out are gone from it.
+            # The buffer serves nothing below ``min_samples``; what it serves is leased to
+            # this learner until committed, and trained on.
             if batch is None or not batch.items:
+                if batch is not None:
+                    await self._settle()
                 await asyncio.sleep(0.2 if batch is not None else 1.0)
                 continue
+            self._current = asyncio.ensure_future(self._step(batch, stages))
+            await asyncio.shield(self._current)
+            self._current = None
+            await self._maybe_checkpoint()
+
+    async def _step(self, batch: Batch, stages: Stages) -> None:
+        fresh = [i for i in batch.items if not self._ledger.trained(i.id)]
+        again = [i.id for i in batch.items if self._ledger.trained(i.id)]
+        if again:
+            self.served_again += len(again)
+            self.log.warning("served_again", rollouts=len(again), batch=batch.request_id)
+        result = None
+        published = False
+        if fresh:
             with stages.stage("train"):
-                result = await asyncio.to_thread(self.trainer.train, batch.items)
+                result = await asyncio.to_thread(self.trainer.train, fresh)
             self._account(result)
-            if result.skipped:
-                await self._report_progress()
-                continue
+        if result is not None and result.skipped:
+            await self._report_progress()
+        elif result is not None:
             self.last = result
-            await self._after_step(result.step, stages)
+            published = await self._publish(result.step, stages)
+        self._ledger.record_step(self._step_record(batch, fresh, again, result, published))
+        self._since_checkpoint += 1
+        if result is not None and not result.skipped:
             self._record(result, batch, {**stages.seconds, **result.seconds})
+
+    def _step_record(
+        self,
+        batch: Batch,
+        fresh: list[ScoredRollout],
+        again: list[str],
+        result: StepResult | None,
+        published: bool,
+    ) -> StepRecord:
+        trainer = self.trainer
+        exported = self._exported
+        return StepRecord(
+            step=trainer.step,
+            applied=result is not None and not result.skipped,
+            published=published,
+            version=trainer.version,
+            digest=exported.digest if exported and exported.version == trainer.version else "",
+            batch=batch.request_id,
+            rollouts=[
+                Consumed(
+                    rollout_id=i.id,
+                    version=_behaviour_version(i),
+                    trace_id=batch.traces.get(i.id, ""),
+                )
+                for i in fresh
+            ],
+            again=again,
+        )
 
     def _account(self, result: StepResult) -> None:
         self.refused += len(result.refused)
         for refusal in result.refused:
-            self.log.warning("rollout_refused", rollout=refusal.rollout_id, reason=refusal.reason)
+            if refusal.kind == "negative_staleness":
+                self.negative_staleness += 1
+                self.log.error(
+                    "negative_staleness", rollout=refusal.rollout_id, reason=refusal.reason
+                )
+            else:
+                self.log.warning(
+                    "rollout_refused", rollout=refusal.rollout_id, reason=refusal.reason
+                )
         if result.skipped:
             # Nothing was applied (non-finite updates, or no sample with a gradient): the
             # weights are unchanged, so no version is published for this batch.
@@ -196,6 +327,7 @@ class LearnerService(Service):
             whole_groups=True,
             wait_s=self.settings.sample_wait_s,
             min_samples=self.settings.min_samples,
+            lease=self.settings.lease,
         )
         timeout = self.settings.sample_wait_s + 10.0
         try:
@@ -213,20 +345,83 @@ class LearnerService(Service):
             return None
         return answer
 
-    async def _after_step(self, step: int, stages: Stages) -> None:
-        if step % self.settings.publish_every == 0:
-            with stages.stage("export"):
-                exported = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
-            with stages.stage("publish"):
-                await self._announce(exported)
-        if step % self.settings.checkpoint_every == 0:
-            with stages.stage("checkpoint"):
-                await asyncio.to_thread(self.trainer.save_checkpoint)
+    async def _publish(self, step: int, stages: Stages) -> bool:
+        """Export and announce a new version when one is due; True if one was."""
+        if step % self.settings.publish_every:
+            return False
+        with stages.stage("export"):
+            exported = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
+        with stages.stage("publish"):
+            await self._announce(exported)
+        return True
+
+    async def _maybe_checkpoint(self) -> None:
+        waiting = self._ledger.waiting()
+        if (
+            self._since_checkpoint < self.settings.checkpoint_every
+            and waiting < self.settings.commit_samples
+        ):
+            return
+        await self._checkpoint()
+        await self._commit(all_closed=False)
+
+    async def _settle(self) -> None:
+        """The buffer has nothing to serve: commit everything trained.  Leased rollouts
+        count against the buffer's capacity, so waiting for the next checkpoint could
+        leave it full of them and the learner with nothing to train on."""
+        if not self._ledger.waiting(all_intervals=True):
+            return
+        if self._since_checkpoint:
+            await self._checkpoint()
+        await self._commit(all_closed=True)
+
+    async def _checkpoint(self) -> None:
+        """Checkpoint with the ledger's position, which then closes its interval."""
+        ledger = self._ledger
+        await asyncio.to_thread(ledger.flush)
+        extra = {"ledger": {"position": ledger.position, "recent": ledger.recent()}}
+        await asyncio.to_thread(self.trainer.save_checkpoint, extra)
+        ledger.checkpointed()
+        self._since_checkpoint = 0
+
+    async def _commit(self, *, all_closed: bool) -> None:
+        intervals, ids = self._ledger.committable(all_closed=all_closed)
+        if not intervals:
+            return
+        commit = BatchCommit(
+            id=uuid.uuid4().hex,
+            rollout_ids=ids,
+            learner=self.instance,
+            through_step=self.trainer.step,
+        )
+        reply = await self._commit_request(commit)
+        if reply is None:
+            self.commit_failures += 1
+            return  # kept: the next checkpoint commits these too
+        self.commits += 1
+        self._ledger.committed(intervals, ids, through_step=self.trainer.step)
+        if reply.unknown:
+            self.log.info("commit_unknown", rollouts=reply.unknown, committed=reply.committed)
+
+    async def _commit_request(self, request: BatchCommit | LeaseRelease) -> CommitReply | None:
+        timeout = self.settings.commit_timeout_s
+        try:
+            reply = await self.bus.nc.request(subjects.replay_commit(), encode(request), timeout)
+            answer = _COMMIT_REPLY.decode(reply.data)
+        except (nats.errors.Error, TimeoutError, DecodeError) as error:
+            self.log.warning("commit_failed", kind=type(request).__name__, error=repr(error))
+            return None
+        if isinstance(answer, ErrorReply):
+            self.log.warning("commit_refused", code=answer.code, reason=answer.message)
+            return None
+        return answer
 
     async def _report_progress(self) -> None:
         """After a batch that changed no weight: the same version, with what was consumed,
         so generators pacing their admission by it are not left waiting."""
-        current = self.trainer.current_weights()
+        current = self._exported
+        if current is None or current.version != self.trainer.version:
+            current = await asyncio.to_thread(self.trainer.current_weights)
         if current is None:
             current = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
         await self._announce(current)
@@ -243,11 +438,17 @@ class LearnerService(Service):
         )
         msg_id = f"policy-{exported.version}-{exported.digest}-{trainer.consumed}"
         await self.bus.publish(subjects.policy_update(), update, msg_id=msg_id)
+        self._exported = exported
+        self.acks.announced(exported.version)
         self.log.info("policy_published", version=exported.version, step=self.trainer.step)
 
     async def teardown(self) -> None:
-        if self._trainer is not None and self._trainer.step:
-            await asyncio.to_thread(self._trainer.save_checkpoint)
+        if self._current is not None:
+            await asyncio.wait([self._current])
+        if self._trainer is not None and self._since_checkpoint:
+            await self._checkpoint()
+        if self._trainer is not None:
+            await self._commit(all_closed=True)
         if self._scalars is not None:
             self._scalars.close()
 
@@ -272,6 +473,12 @@ class LearnerService(Service):
         values["batch_failures"] = float(self.failures)
         values["refused_rollouts"] = float(self.refused)
         values["skipped_steps"] = float(self.skipped)
+        values["served_again"] = float(self.served_again)
+        values["commits"] = float(self.commits)
+        values["commit_failures"] = float(self.commit_failures)
+        values["negative_staleness"] = float(self.negative_staleness)
+        values["uncommitted"] = float(self._ledger.waiting(all_intervals=True))
+        values.update(self.acks.statistics())
         if self._trainer is not None:
             values["step"] = float(self._trainer.step)
             values["policy_version"] = float(self._trainer.version)
@@ -286,3 +493,8 @@ class LearnerService(Service):
             for domain, reward in last.reward_by_domain.items():
                 values[f"reward.{domain}"] = reward
         return values
+
+
+def _behaviour_version(item: ScoredRollout) -> int | None:
+    versions = [s.version for s in item.rollout.segments if s.version is not None]
+    return max(versions) if versions else None

@@ -2,14 +2,14 @@
 
 Weights are published as Hugging Face directories (safetensors plus the tokenizer and
 config of the starting model), so the torch engine and SGLang load them as they are.
-A checkpoint (model, optimizer, step, version) is written atomically and resumed exactly.
+A checkpoint (model, optimizer, RNG, step, version and the caller's extra state, such as
+the ledger position) is written durably, the last K kept, and resumed exactly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
 import statistics
 import threading
@@ -24,6 +24,7 @@ import torch
 
 from protocol.messages import FinishReason, ScoredRollout
 from protocol.packed import unpack_f32, unpack_i32, unpack_u8
+from services.learner.checkpoints import CheckpointStore, Loaded
 from services.learner.export import write_weights
 from services.learner.loss import (
     LossConfig,
@@ -38,7 +39,6 @@ from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
 from services.runtime.weights import directory_digest
 
-CHECKPOINT = "checkpoint.pt"
 _log = get_logger(component="trainer")
 
 
@@ -63,6 +63,8 @@ class TrainerConfig:
     skip_zero_advantage: bool = True
     loss: LossConfig = field(default_factory=LossConfig)
     seed: int = 0
+    #: Checkpoints kept: a damaged newest one falls back to the one before.
+    keep_checkpoints: int = 3
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "epochs", "minibatches"):
@@ -90,6 +92,9 @@ class TrainerConfig:
 class Refusal:
     rollout_id: str
     reason: str
+    #: ``malformed``, or ``negative_staleness``: sampled by a version newer than the
+    #: learner's, which lineage rules out; seen, it is a bug to report, never to train on.
+    kind: str = "malformed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +199,7 @@ class Trainer:
         # export waits for that step instead of saving half-updated weights.
         self._lock = threading.Lock()
         out_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = CheckpointStore(out_dir, config.keep_checkpoints)
 
     # ------------------------------------------------------------------ training
 
@@ -203,7 +209,9 @@ class Trainer:
 
     def _train(self, items: list[ScoredRollout]) -> StepResult:
         self.consumed += len(items)
-        refused = [r for r in (self._limits.problem(i) for i in items) if r is not None]
+        refused = [
+            r for r in (self._limits.problem(i) or self._from_the_future(i) for i in items) if r
+        ]
         bad = {r.rollout_id for r in refused}
         valid = [i for i in items if i.id not in bad]
         stages = Stages()
@@ -220,6 +228,14 @@ class Trainer:
             self.step += 1
         result = self._result(items, valid, rows, parts, refused)
         return dataclasses.replace(result, seconds=stages.seconds, lr=lr)
+
+    def _from_the_future(self, item: ScoredRollout) -> Refusal | None:
+        versions = [s.version for s in item.rollout.segments if s.version is not None]
+        newest = max(versions, default=0)
+        if newest <= self.version:
+            return None
+        reason = f"negative staleness: behaviour version {newest} > learner version {self.version}"
+        return Refusal(rollout_id=item.id, reason=reason, kind="negative_staleness")
 
     def _optimise(self, rows: _Rows, stages: Stages) -> list[LossStats]:
         """``epochs * minibatches`` clipped updates; the statistics of those applied."""
@@ -401,13 +417,14 @@ class Trainer:
         for old in versions[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, extra: dict[str, Any] | None = None) -> Path:
+        """Write the state; ``extra`` (JSON-like, e.g. the ledger position) rides along and
+        comes back from :meth:`resume`."""
         with self._lock:
-            return self._save_checkpoint()
+            return self.checkpoints.save(self._state(extra or {}), self.version)
 
-    def _save_checkpoint(self) -> Path:
-        path = self.out_dir / CHECKPOINT
-        state = {
+    def _state(self, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
@@ -415,26 +432,25 @@ class Trainer:
             "rng": torch.get_rng_state(),
             "shuffle": self._shuffle.get_state(),
             "consumed": self.consumed,
+            "extra": extra,
         }
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-        return path
 
-    def resume(self) -> bool:
-        path = self.out_dir / CHECKPOINT
-        if not path.is_file():
-            return False
-        state = torch.load(path, map_location=self.device, weights_only=False)
+    def resume(self) -> Loaded | None:
+        """Load the newest readable checkpoint (skipping damaged ones); None if none."""
+        loaded = self.checkpoints.load_newest(self.device)
+        if loaded is None:
+            return None
+        state = loaded.state
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.version = int(state["version"])
-        torch.set_rng_state(state["rng"])
+        if "rng" in state:
+            torch.set_rng_state(state["rng"])
         if "shuffle" in state:
             self._shuffle.set_state(state["shuffle"])
         self.consumed = int(state.get("consumed", 0))
-        return True
+        return loaded
 
     def current_weights(self) -> Exported | None:
         """The published directory of the current version, if it is still on disk."""

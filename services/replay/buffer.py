@@ -3,6 +3,10 @@
 Pure data structure (no I/O).  Each held rollout carries a release callback; the
 service acks its JetStream message when the rollout leaves the buffer (served, stale,
 or excluded), so a rollout is never lost between the scored stream and the learner.
+
+A rollout served under a lease leaves the groups but keeps its callback: it is acked
+only by ``commit`` (the learner's step that used it is durable), and ``release_leases``
+puts it back when the learner that held it restarted without committing.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ class Group:
     size: int
     first_seen: float
     members: dict[str, tuple[ScoredRollout, Release]] = field(default_factory=dict)
+    #: Served once and handed back by a lease release: ready whatever its size, since
+    #: members that never enter training left it when it was first served.
+    returned: bool = False
 
     def complete(self) -> bool:
-        return len(self.members) >= self.size
+        return self.returned or len(self.members) >= self.size
 
     def usable(self) -> list[ScoredRollout]:
         """Members that may enter advantage statistics: scored, not infra failures."""
@@ -47,6 +54,9 @@ class Counts:
     excluded: int = 0
     #: Rollouts of eval-split tasks: acknowledged, never trained on.
     heldout: int = 0
+    #: Leased rollouts acked by a commit, and handed back by a lease release.
+    committed: int = 0
+    released: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,8 +67,11 @@ class Selection:
 
 
 def staleness(item: ScoredRollout, learner_version: int) -> int:
+    """Versions the learner is ahead of the rollout's oldest segment.  Never clamped: a
+    negative value (a rollout newer than the learner) is served, and the learner refuses
+    it loudly, instead of hiding a lineage error."""
     version = item.rollout.policy_version
-    return 0 if version is None else max(0, learner_version - version)
+    return 0 if version is None else learner_version - version
 
 
 class ReplayBuffer:
@@ -72,6 +85,8 @@ class ReplayBuffer:
         self.counts = Counts()
         self._groups: OrderedDict[str, Group] = OrderedDict()
         self._held: set[str] = set()
+        #: Served under a lease, waiting for the learner's commit.
+        self._leased: dict[str, tuple[ScoredRollout, Release]] = {}
         self._rng = random.Random(seed)
 
     def __len__(self) -> int:
@@ -84,27 +99,73 @@ class ReplayBuffer:
         if is_heldout(item.rollout.task):
             self.counts.heldout += 1
             return False
-        if item.id in self._held or item.id in self._gone:
+        if item.id in self._held or item.id in self._leased or item.id in self._gone:
             self.counts.duplicates += 1
             return False
+        self._insert(item, release, time.monotonic() if now is None else now)
+        return True
+
+    def _insert(self, item: ScoredRollout, release: Release, now: float) -> Group:
         task = item.rollout.task
         group = self._groups.get(task.id)
         if group is None:
-            group = Group(
-                task_id=task.id,
-                domain=task.domain,
-                size=task.n,
-                first_seen=time.monotonic() if now is None else now,
-            )
+            group = Group(task_id=task.id, domain=task.domain, size=task.n, first_seen=now)
             self._groups[task.id] = group
         group.members[item.id] = (item, release)
         self._held.add(item.id)
-        return True
+        return group
 
     def release_all(self) -> None:
         """Forget everything held (on stop the service hands the messages back instead)."""
         self._groups.clear()
         self._held.clear()
+        self._leased.clear()
+
+    # ------------------------------------------------------------------ leases
+
+    def commit(self, rollout_ids: list[str]) -> tuple[int, int]:
+        """Ack ``rollout_ids`` for good: (committed, unknown).
+
+        An id still waiting in a group (redelivered after a restart of this service, and
+        trained already by the learner) is taken out and acked too: it must not be
+        served again.
+        """
+        committed = 0
+        for rollout_id in rollout_ids:
+            entry = self._leased.pop(rollout_id, None) or self._pop_held(rollout_id)
+            if entry is None:
+                continue
+            committed += 1
+            entry[1]()
+        self.counts.committed += committed
+        return committed, len(rollout_ids) - committed
+
+    def _pop_held(self, rollout_id: str) -> tuple[ScoredRollout, Release] | None:
+        if rollout_id not in self._held:
+            return None
+        for group in self._groups.values():
+            entry = group.members.pop(rollout_id, None)
+            if entry is None:
+                continue
+            self._forget(rollout_id)
+            if not group.members:
+                del self._groups[group.task_id]
+            return entry
+        return None
+
+    def release_leases(self, now: float | None = None) -> int:
+        """Put every leased rollout back, ready to be served again (whole groups as they were)."""
+        now = time.monotonic() if now is None else now
+        leased, self._leased = self._leased, {}
+        for rollout_id, (item, release) in leased.items():
+            self._gone.pop(rollout_id, None)
+            self._insert(item, release, now).returned = True
+        self.counts.released += len(leased)
+        return len(leased)
+
+    @property
+    def leased(self) -> int:
+        return len(self._leased)
 
     # ------------------------------------------------------------------ selection
 
@@ -118,6 +179,7 @@ class ReplayBuffer:
         domain_weights: Mapping[str, float],
         fits: Callable[[ScoredRollout], bool] = lambda _: True,
         now: float | None = None,
+        lease: bool = False,
     ) -> Selection:
         now = time.monotonic() if now is None else now
         stale = self._drop_stale(learner_version, max_staleness)
@@ -132,7 +194,7 @@ class ReplayBuffer:
             if not all(fits(item) for item in taken):
                 break
             chosen.extend(taken)
-            self._take(group, {item.id for item in taken})
+            self._take(group, {item.id for item in taken}, lease)
             if len(chosen) >= max_samples:
                 break
         remaining = sum(len(g.usable()) for g in self._groups.values())
@@ -192,12 +254,16 @@ class ReplayBuffer:
         self.counts.dropped_stale += dropped
         return dropped
 
-    def _take(self, group: Group, served: set[str]) -> None:
-        """Release the served members; a group with no usable member left goes entirely."""
+    def _take(self, group: Group, served: set[str], lease: bool) -> None:
+        """Release (or lease) the served members; a group with no usable member left goes
+        entirely."""
         for rollout_id in served:
-            _, release = group.members.pop(rollout_id)
+            entry = group.members.pop(rollout_id)
             self._forget(rollout_id)
-            release()
+            if lease:
+                self._leased[rollout_id] = entry
+            else:
+                entry[1]()
         if not group.usable():
             self._drop_group(group)
 
@@ -219,6 +285,9 @@ class ReplayBuffer:
         complete = sum(1 for g in self._groups.values() if g.complete())
         return {
             "held": float(len(self._held)),
+            "leased": float(len(self._leased)),
+            "committed": float(self.counts.committed),
+            "released": float(self.counts.released),
             "groups": float(len(self._groups)),
             "complete_groups": float(complete),
             "received": float(self.counts.received),

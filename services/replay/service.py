@@ -5,6 +5,11 @@ pushed back) and acked only when it leaves the buffer: served to a learner, drop
 stale, or excluded (infra failures never enter training).  A crash therefore loses
 nothing: the scored stream redelivers what was held.  The capacity is the consumer's
 in-flight bound, so a full buffer stops taking (backpressure), it never drops.
+
+A learner asking with ``lease`` gets its batch leased instead of acked: the rollouts stay
+unacknowledged until its BatchCommit (sent once the step that used them is durable),
+and a LeaseRelease from a restarted learner puts back what it never committed.  Leased
+rollouts count against the capacity.
 """
 
 from __future__ import annotations
@@ -15,7 +20,15 @@ from dataclasses import dataclass, field
 
 from protocol import streams, subjects
 from protocol.codec import Codec, encode
-from protocol.messages import Batch, BatchStatus, SampleRequest, ScoredRollout
+from protocol.messages import (
+    Batch,
+    BatchCommit,
+    BatchStatus,
+    CommitReply,
+    LeaseRelease,
+    SampleRequest,
+    ScoredRollout,
+)
 from services.replay.buffer import ReplayBuffer, Selection
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.jetstream import ConsumerSpec
@@ -27,6 +40,8 @@ from services.runtime.stages import Stages
 DURABLE = "replay"
 #: Room left in a Batch for everything but the rollouts (headers, envelope).
 _ENVELOPE_BYTES = 4096
+#: Room per rollout for its entry in ``Batch.traces`` (id and trace id).
+_TRACE_BYTES = 160
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +68,8 @@ class ReplayService(Service):
         self.buffer = ReplayBuffer(group_timeout_s=settings.group_timeout_s)
         self._arrived = asyncio.Event()
         self._waiting: set[asyncio.Future[None]] = set()
+        #: Trace id of every rollout held or leased, for the Batch's ``traces``.
+        self._traces: dict[str, str] = {}
         #: Per rollout: time held in the buffer; per request: time to select the batch.
         self.stages = Stages()
 
@@ -68,12 +85,14 @@ class ReplayService(Service):
         tuning = ConsumerTuning(max_in_flight=self.settings.capacity, fetch_wait_s=0.5)
         self.consume(spec, Codec(ScoredRollout), self._hold, tuning)
         self.respond(subjects.replay_sample(), Codec(SampleRequest), self._on_sample)
+        self.respond(subjects.replay_commit(), Codec(BatchCommit | LeaseRelease), self._on_commit)
 
-    async def _hold(self, item: ScoredRollout, _: Delivery) -> None:
-        """Returns (and so acks) only when the rollout has left the buffer."""
+    async def _hold(self, item: ScoredRollout, delivery: Delivery) -> None:
+        """Returns (and so acks) only when the rollout has left the buffer for good."""
         left: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.buffer.add(item, lambda: _resolve(left)):
             return
+        self._traces[item.id] = delivery.trace_id
         self._arrived.set()
         self._waiting.add(left)
         try:
@@ -81,6 +100,17 @@ class ReplayService(Service):
                 await left
         finally:
             self._waiting.discard(left)
+            self._traces.pop(item.id, None)
+
+    async def _on_commit(self, request: BatchCommit | LeaseRelease, _: Request) -> CommitReply:
+        if isinstance(request, LeaseRelease):
+            released = self.buffer.release_leases()
+            if released:
+                self._arrived.set()
+            self.log.info("leases_released", learner=request.learner, rollouts=released)
+            return CommitReply(request_id=request.id, released=released)
+        committed, unknown = self.buffer.commit(request.rollout_ids)
+        return CommitReply(request_id=request.id, committed=committed, unknown=unknown)
 
     async def intake_stopped(self) -> None:
         """Held rollouts cannot be served while draining: hand them back to the stream now."""
@@ -109,6 +139,7 @@ class ReplayService(Service):
             status=status,
             dropped_stale=dropped,
             remaining=selection.remaining,
+            traces={i.id: self._traces.get(i.id, "") for i in items},
         )
 
     async def _until_available(self, request: SampleRequest, deadline: float) -> bool:
@@ -151,6 +182,7 @@ class ReplayService(Service):
             whole_groups=request.whole_groups,
             domain_weights=request.domain_weights,
             fits=budget.fits,
+            lease=request.lease,
         )
 
     def health(self) -> tuple[bool, str]:
@@ -171,7 +203,7 @@ class _SizeBudget:
         self.left = limit
 
     def fits(self, item: ScoredRollout) -> bool:
-        size = len(encode(item))
+        size = len(encode(item)) + _TRACE_BYTES
         if size > self.left:
             return False
         self.left -= size

@@ -213,8 +213,12 @@ class BatchConsumer(PullConsumer[M, BatchHandler[M]]):
     async def _settle_when_done(
         self, msg: Msg, pending: Awaitable[Outcome], slots: Slots, unsettled: dict[int, Msg]
     ) -> None:
+        # As on the per-message path, the work done for a message (logs, the requests it
+        # makes, such as a validator's SandboxExec) carries the message's trace id.
+        trace_id = (msg.headers or {}).get(h.TRACE_ID, "")
         try:
-            outcome = await pending
+            with structlog.contextvars.bound_contextvars(trace_id=trace_id):
+                outcome = await pending
         except Exception as error:
             outcome = error
         unsettled.pop(id(msg), None)

@@ -83,18 +83,44 @@ class StreamAck(msgspec.Struct, frozen=True, gc=False):
 PublishResult = StreamAck | Exception
 
 
+class Reconnects:
+    """Counts the connection's reconnects and wakes whoever waits for the next one.
+
+    nats-py awaits its reconnected callback inside its reconnect routine, before that
+    routine is done: work that needs the connection must not run there.  The callback
+    only notes the reconnect here; a service reacts in a task of its own.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._next = asyncio.Event()
+
+    def note(self) -> None:
+        self.count += 1
+        self._next.set()
+        self._next = asyncio.Event()
+
+    async def wait(self) -> int:
+        """Return the reconnect count once the connection has come back again."""
+        await self._next.wait()
+        return self.count
+
+
 class Bus:
     """Owns one NATS connection and its JetStream context."""
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NATS, reconnects: Reconnects | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
+        #: Noted by the connection's reconnected callback (only for a Bus made by connect()).
+        self.reconnects = reconnects or Reconnects()
         self._acks: _AckInbox | None = None
         self._acks_lock = asyncio.Lock()
 
     @classmethod
     async def connect(cls, options: ConnectOptions) -> Bus:
         log = get_logger(component="bus")
+        reconnects = Reconnects()
 
         async def on_error(error: Exception) -> None:
             log.warning("nats_error", error=str(error))
@@ -106,6 +132,7 @@ class Bus:
             log.info(
                 "nats_reconnected", url=str(nc.connected_url.geturl() if nc.connected_url else "")
             )
+            reconnects.note()
 
         nc = await nats.connect(
             options.url,
@@ -118,7 +145,7 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
         )
-        return cls(nc)
+        return cls(nc, reconnects)
 
     @property
     def max_payload(self) -> int:

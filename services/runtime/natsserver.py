@@ -6,6 +6,8 @@ listens on loopback only, and its store lives in a directory the caller owns.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +25,8 @@ from services.runtime.procs import child_preexec, terminate
 
 #: ``-1`` asks nats-server for a random free port; the real one is read from its ports file.
 RANDOM_PORT: Final = -1
+#: How often a starting server is checked for readiness.
+_READY_POLL_S: Final = 0.02
 
 
 class NatsServerError(RuntimeError):
@@ -101,6 +105,46 @@ class NatsServer:
     def start(self) -> str:
         if self.running:
             return self.url
+        ports_dir = self._spawn()
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        while (port := self._ready_port(ports_dir, deadline)) is None:
+            time.sleep(_READY_POLL_S)
+        self._port = port
+        return self.url
+
+    async def start_async(self) -> str:
+        """Like :meth:`start`, but the event loop runs on while the server gets ready.
+
+        Call it from the loop's own thread, never through ``to_thread``: the parent-death
+        signal belongs to the thread that forks, and a pool thread may end before the server.
+        """
+        if self.running:
+            return self.url
+        ports_dir = self._spawn()
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        # Readiness has no event to await: the ports file and the port are polled.
+        while (port := self._ready_port(ports_dir, deadline)) is None:  # noqa: ASYNC110
+            await asyncio.sleep(_READY_POLL_S)
+        self._port = port
+        return self.url
+
+    async def exited(self, poll_s: float = 0.1) -> int:
+        """Wait until the server ends, however it ends; returns its exit code.
+
+        Linux tells at once (a pidfd becomes readable); elsewhere it is polled every ``poll_s``.
+        """
+        proc = self._proc
+        if proc is None:
+            raise NatsServerError("nats-server has not started")
+        if proc.poll() is None and hasattr(os, "pidfd_open"):
+            with contextlib.suppress(ProcessLookupError):
+                await _pidfd_readable(os.pidfd_open(proc.pid))
+        while proc.poll() is None:  # noqa: ASYNC110 (no exit event without a pidfd)
+            await asyncio.sleep(poll_s)
+        return proc.returncode
+
+    def _spawn(self) -> Path:
+        """Start the process on the store and the port it had before, if it ran already."""
         store = self.settings.store_dir
         ports_dir = store / "ports"
         ports_dir.mkdir(parents=True, exist_ok=True)
@@ -109,36 +153,34 @@ class NatsServer:
         conf = store / "nats.conf"
         port = self._port if self._port is not None else self.settings.port
         conf.write_text(_config(replace(self.settings, port=port), ports_dir))
-        log = (store / "nats-server.log").open("ab")
-        self._proc = subprocess.Popen(
-            [find_binary(self.settings.binary), "-c", str(conf)],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            # Its own session: a terminal's Ctrl-C goes to the supervisor only, which stops the
-            # services first and nats-server last.
-            start_new_session=True,
-            preexec_fn=child_preexec(),
-        )
-        log.close()
-        self._port = self._wait_ready(ports_dir)
-        return self.url
+        with (store / "nats-server.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                [find_binary(self.settings.binary), "-c", str(conf)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                # Its own session: a terminal's Ctrl-C goes to the supervisor only, which stops
+                # the services first and nats-server last.
+                start_new_session=True,
+                preexec_fn=child_preexec(),
+            )
+        return ports_dir
 
-    def _wait_ready(self, ports_dir: Path) -> int:
-        deadline = time.monotonic() + self.settings.ready_timeout_s
+    def _ready_port(self, ports_dir: Path, deadline: float) -> int | None:
+        """The port once clients can connect, ``None`` while not yet; raises past ``deadline``."""
         assert self._proc is not None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise NatsServerError(
-                    f"nats-server exited with {self._proc.returncode}; "
-                    f"see {self.settings.store_dir / 'nats-server.log'}"
-                )
-            port = _read_port(ports_dir, self._proc.pid)
-            if port is not None and _accepts(self.settings.host, port):
-                return port
-            time.sleep(0.02)
-        self.kill()
-        raise NatsServerError(f"nats-server not ready after {self.settings.ready_timeout_s}s")
+        if self._proc.poll() is not None:
+            raise NatsServerError(
+                f"nats-server exited with {self._proc.returncode}; "
+                f"see {self.settings.store_dir / 'nats-server.log'}"
+            )
+        port = _read_port(ports_dir, self._proc.pid)
+        if port is not None and _accepts(self.settings.host, port):
+            return port
+        if time.monotonic() >= deadline:
+            self.kill()
+            raise NatsServerError(f"nats-server not ready after {self.settings.ready_timeout_s}s")
+        return None
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM, then SIGKILL after the grace period)."""
@@ -147,9 +189,12 @@ class NatsServer:
             self._proc = None
 
     def kill(self) -> None:
-        """Crash it (SIGKILL): for tests of what survives a server failure."""
+        """Crash it (SIGKILL, nothing else): for tests of what survives a server failure."""
         if self._proc is not None:
-            terminate(self._proc, 0)
+            if self._proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+            self._proc.wait()
             self._proc = None
 
     def __enter__(self) -> Self:
@@ -163,6 +208,23 @@ class NatsServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+async def _pidfd_readable(fd: int) -> None:
+    """Wait until the process of pidfd ``fd`` has ended; closes ``fd``."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    try:
+        loop.add_reader(fd, readable)
+        await ended
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def _read_port(ports_dir: Path, pid: int) -> int | None:

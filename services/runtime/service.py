@@ -105,6 +105,18 @@ class Service:
         """Runs once intake has stopped, before in-flight work is awaited: a service holding
         work that cannot finish while draining hands it back here."""
 
+    async def reconnected(self) -> None:
+        """Runs in the service's TaskGroup each time the connection to NATS came back.
+
+        Core NATS messages sent while it was away are lost to it (JetStream consumers
+        resume by themselves): a service catches up here on what it must not miss.  A
+        failure crashes the service, like any of its tasks.
+        """
+
+    def served_policy_version(self) -> int | None:
+        """The policy version this instance serves, reported in its heartbeats (generators)."""
+        return None
+
     def health(self) -> tuple[bool, str]:
         """(healthy, detail) as reported in heartbeats and to ``temper check``."""
         return self.state is ServiceState.RUNNING and self.bus.nc.is_connected, ""
@@ -279,12 +291,24 @@ class Service:
                     group.create_task(control.run())
                 group.create_task(self._every(self.runtime.heartbeat_s, self._send_heartbeat))
                 group.create_task(self._every(self.runtime.stats_s, self._send_stats))
+                group.create_task(self._follow_reconnects())
                 for work in self.background():
                     group.create_task(work)
         except* Exception as group_error:
             self.failure = group_error
             self.log.error("service_failed", error=repr(group_error.exceptions[0]))
             self.crashed.set()
+
+    async def _follow_reconnects(self) -> None:
+        reconnects = self.bus.reconnects
+        handled = reconnects.count
+        while True:
+            if reconnects.count == handled:
+                await reconnects.wait()
+            # One call covers every reconnect counted so far, also those during the last call.
+            handled = reconnects.count
+            self.log.info("reconnected", reconnects=handled)
+            await self.reconnected()
 
     async def stop(self) -> None:
         """Graceful stop; safe to call twice and from several tasks."""
@@ -364,6 +388,7 @@ class Service:
             sent_at=time.time(),
             in_flight=self.in_flight,
             detail=detail,
+            policy_version=self.served_policy_version(),
         )
 
     async def _heartbeat_reply(self, _: None, request: Request) -> Message | None:

@@ -18,8 +18,10 @@ from protocol import pack_f32, pack_i32, pack_u8
 from protocol.errors import ErrorCode
 from protocol.messages import (
     Batch,
+    BatchCommit,
     BatchStatus,
     ChatMessage,
+    CommitReply,
     DomainInfo,
     DomainList,
     DomainsRequest,
@@ -28,6 +30,7 @@ from protocol.messages import (
     ErrorReply,
     FinishReason,
     Heartbeat,
+    LeaseRelease,
     Message,
     PolicyUpdate,
     Rollout,
@@ -402,6 +405,14 @@ def examples() -> dict[str, Message]:
             dropped_stale=3,
             remaining=120,
         ),
+        BatchCommit(
+            id="commit-7",
+            rollout_ids=["task-1/0", "task-1/1", "task-2/0"],
+            learner="learner-0",
+            through_step=1300,
+        ),
+        LeaseRelease(id="release-1", learner="learner-0"),
+        CommitReply(request_id="commit-7", committed=2, unknown=1, released=0),
         PolicyUpdate(
             version=13,
             uri="file:///shared/checkpoints/run-7/v13",

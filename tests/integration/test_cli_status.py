@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import msgspec
+from nats.aio.client import Client as NATS
 
 from protocol import subjects
 from protocol.codec import encode
-from protocol.messages import Heartbeat, ServiceState, StackStatus
+from protocol.messages import Heartbeat, PolicyUpdate, ServiceState, StackStatus
 from services.control import ControlService, ControlSettings
 from tests.integration.support import SERVICE_NAME, TaskService, client, runtime
 from tests.integration.test_cli_harness import free_port, temper
@@ -89,3 +90,47 @@ async def test_commands_with_no_nats_fail_fast_and_clearly(tmp_path: Path) -> No
         assert done.err.startswith(f"temper: cannot reach NATS at {url}"), done.err
         assert done.err.count("cannot reach NATS") == 1
         assert "Traceback" not in done.err
+
+
+async def test_status_shows_gone_instances_and_generator_versions(nats_url: str) -> None:
+    """Needs `temper status` to print through services.cli.status_view."""
+    settings = ControlSettings(
+        runtime=runtime(nats_url, instance="ctl"),
+        stale_after_s=0.2,
+        gone_after_s=0.4,
+        forget_after_s=60.0,
+        lagging_after_s=0.2,
+    )
+    async with asyncio.timeout(30), client(nats_url) as nc, ControlService(settings):
+        update = PolicyUpdate(version=5, uri="/weights/v5", digest="sha256:" + "0" * 64)
+        await nc.jetstream().publish(subjects.policy_update(), encode(update))
+        dead = Heartbeat(service="replay", instance="r1", state=ServiceState.RUNNING, healthy=True)
+        await nc.publish(subjects.heartbeat("replay"), encode(dead))
+        async with asyncio.TaskGroup() as group:
+            # The generators stay alive however long the command takes to start.
+            pump = group.create_task(_generators_beating(nc, {"g-old": 3, "g-new": 5}))
+            while True:  # bounded by the timeout above
+                done = await temper(nats_url, "status")
+                if "g-new" in done.out and " gone " in done.out and "lagging" in done.out:
+                    break
+                await asyncio.sleep(0.05)
+            pump.cancel()
+    rows = {line.split()[1]: line.split() for line in done.out.splitlines()[2:]}
+    assert rows["r1"][:5] == ["replay", "r1", "gone", "-", "-"]
+    assert rows["g-old"][:6] == ["generator", "g-old", "running", "healthy", "v3", "lagging"]
+    assert rows["g-new"][:6] == ["generator", "g-new", "running", "healthy", "v5", "0"]
+    assert done.code == 1  # replay's only instance is gone: the stack lacks a service
+
+
+async def _generators_beating(nc: NATS, versions: dict[str, int]) -> None:
+    while True:
+        for instance, version in versions.items():
+            beat = Heartbeat(
+                service="generator",
+                instance=instance,
+                state=ServiceState.RUNNING,
+                healthy=True,
+                policy_version=version,
+            )
+            await nc.publish(subjects.heartbeat("generator"), encode(beat))
+        await asyncio.sleep(0.05)

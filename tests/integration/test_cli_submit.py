@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from protocol.codec import Codec, encode
 from protocol.messages import DEFAULT_TIER, ChatMessage, Rollout, ScoredRollout, Task
 from protocol.packed import pack_i32
 from services.runtime.jetstream import ensure_streams
+from services.runtime.natsserver import NatsServer
 from tests.integration.support import client, stream_entries
 from tests.integration.test_cli_harness import finish, free_port, start, temper
 
@@ -212,3 +214,56 @@ async def test_wait_times_out_with_a_message(
     assert "submitted w-3" in done.out
     assert "0 of 3 scored rollouts of task 'w-3'" in done.err
     assert "Traceback" not in done.err
+
+
+async def wait_following(js: JetStreamContext, timeout_s: float = 20.0) -> None:
+    """Wait until someone follows the scored stream (``--wait`` has made its consumer)."""
+    async with asyncio.timeout(timeout_s):
+        while (await js.stream_info(streams.SCORED.name)).state.consumer_count == 0:
+            await asyncio.sleep(0.05)
+
+
+async def test_wait_rides_through_a_nats_server_restart(
+    nats_server: NatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    task = Task(id="w-4", domain="math", prompt=[ChatMessage(role="user", content="x")], n=2)
+    path = write(tmp_path, '{"id": "w-4", "domain": "math", "prompt": "x", "n": 2}\n')
+    # Well under the 10 s after which nats-py itself would notice the consumer is gone.
+    argv = ["submit", str(path), "--wait", "--timeout", "8", "--reconnect-timeout", "15"]
+    proc = await start(nats_server.url, *argv)
+    try:
+        assert await wait_submitted(proc, 1) == ["w-4"]
+        await publish_scored(js, scored(task, 0))
+        await wait_following(js)
+        nats_server.kill()
+        await asyncio.sleep(1.0)
+        await nats_server.start_async()
+        await publish_scored(js, scored(task, 1))
+    finally:
+        done = await finish(proc)
+    assert done.code == 0, done.err
+    assert done.err == ""
+    assert sorted(done.out.splitlines()) == [
+        "scored w-4-s0 reward=1.0000 status=scored",
+        "scored w-4-s1 reward=1.0000 status=scored",
+    ]
+
+
+async def test_wait_gives_up_in_one_line_when_nats_stays_away(
+    nats_server: NatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    url = nats_server.url
+    path = write(tmp_path, '{"id": "w-5", "domain": "math", "prompt": "x"}\n')
+    argv = ["submit", str(path), "--wait", "--timeout", "60", "--reconnect-timeout", "1"]
+    proc = await start(url, *argv)
+    try:
+        assert await wait_submitted(proc, 1) == ["w-5"]
+        await wait_following(js)
+        nats_server.kill()
+        killed_at = time.monotonic()
+    finally:
+        done = await finish(proc, timeout_s=20)
+    took = time.monotonic() - killed_at
+    assert done.code == 1
+    assert done.err == f"temper: NATS at {url} unreachable for 1s; start the stack (`temper up`)\n"
+    assert took < 5.0, took

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -14,6 +15,7 @@ from protocol import subjects
 from protocol.codec import encode
 from protocol.messages import ChatMessage, Rollout, Task
 from protocol.packed import pack_f32, pack_i32, pack_u8
+from services.runtime.natsserver import NatsServer
 from tests.integration.support import client
 from tests.integration.test_cli_harness import finish, start
 
@@ -92,3 +94,52 @@ async def test_tail_raw_keeps_packed_arrays_as_base64(nats_url: str) -> None:
         )
     assert record["message"]["tokens"] == base64.b64encode(pack_i32(TOKENS)).decode()
     assert record["message"]["id"] == "tail-1/0"
+
+
+async def printed_with_trace(
+    proc: asyncio.subprocess.Process, nc: NATS, subject: str, trace: str
+) -> dict[str, Any]:
+    """Publish a rollout carrying ``trace`` until tail prints it (it may print it more than once).
+
+    Until tail's subscription is known to the server (again, after a restart) nobody gets it.
+    """
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    async def read() -> dict[str, Any]:
+        while True:
+            line = await stdout.readline()
+            assert line, "tail ended"
+            record: dict[str, Any] = json.loads(line)
+            if record["trace_id"] == trace:
+                return record
+
+    reader = asyncio.ensure_future(read())
+    try:
+        async with asyncio.timeout(20):
+            while not reader.done():
+                await nc.publish(subject, encode(rollout()), headers={h.TRACE_ID: trace})
+                await asyncio.wait([reader], timeout=0.05)
+        return reader.result()
+    finally:
+        reader.cancel()
+
+
+async def test_tail_keeps_printing_after_a_nats_server_restart(nats_server: NatsServer) -> None:
+    url = nats_server.url
+    subject = subjects.rollout("math")
+    proc = await start(url, "tail", subject, "--reconnect-timeout", "15")
+    try:
+        async with client(url) as nc:
+            before = await printed_with_trace(proc, nc, subject, "before")
+            nats_server.kill()
+            await asyncio.sleep(1.0)
+            await nats_server.start_async()
+            after = await printed_with_trace(proc, nc, subject, "after")
+        proc.send_signal(signal.SIGINT)
+    finally:
+        done = await finish(proc)
+    assert done.code == 0, done.err
+    assert done.err == ""
+    for record in (before, after):
+        assert (record["message"]["type"], record["message"]["id"]) == ("rollout", "tail-1/0")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -15,8 +18,16 @@ from protocol import streams, subjects
 from protocol.client import TemperClient
 from protocol.codec import ANY, encode
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, Heartbeat, ServiceState, ServiceStatus, StackStatus
+from protocol.messages import (
+    ErrorReply,
+    Heartbeat,
+    PolicyUpdate,
+    ServiceState,
+    ServiceStatus,
+    StackStatus,
+)
 from services.control import ControlService, ControlSettings
+from services.runtime.procs import child_preexec
 from tests.integration.support import (
     SERVICE_NAME,
     TASK_STREAM,
@@ -25,6 +36,7 @@ from tests.integration.support import (
     publish_tasks,
     runtime,
 )
+from tests.integration.test_cli_harness import ROOT
 
 WAIT_S = 5.0
 
@@ -66,6 +78,7 @@ async def fake_heartbeat(
     healthy: bool = True,
     in_flight: int = 0,
     detail: str = "",
+    policy_version: int | None = None,
 ) -> None:
     """One heartbeat as a service would send it, and then silence."""
     beat = Heartbeat(
@@ -76,6 +89,7 @@ async def fake_heartbeat(
         sent_at=time.time(),
         in_flight=in_flight,
         detail=detail,
+        policy_version=policy_version,
     )
     await nc.publish(subjects.heartbeat(service), encode(beat))
     await nc.flush()
@@ -132,6 +146,72 @@ async def test_silent_instance_turns_unhealthy_then_is_forgotten(
 
         gone = await status_until(temper, lambda s: find(s, "ghost", "g1") is None)
         assert find(gone, "control", "ctl") is not None
+
+
+async def test_a_killed_instance_is_shown_gone_then_dropped(
+    nats_url: str, temper: TemperClient
+) -> None:
+    """kill -9: no STOPPED heartbeat, only silence, tells the control service."""
+    bounds = {"stale_after_s": 0.3, "gone_after_s": 0.8, "forget_after_s": 2.0}
+    async with asyncio.timeout(40), control(nats_url, **bounds):
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "tests.integration.crash_service", nats_url),
+            *("--signal", "test.unused"),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            preexec_fn=child_preexec(),
+        )
+        try:
+            await status_until(temper, lambda s: _healthy(s, SERVICE_NAME, "doomed"), 20.0)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        killed_at = time.monotonic()
+
+        silent = await status_until(temper, lambda s: not _healthy(s, SERVICE_NAME, "doomed"))
+        doomed = find(silent, SERVICE_NAME, "doomed")
+        assert doomed is not None and not doomed.gone
+
+        gone = await status_until(temper, lambda s: _gone(s, SERVICE_NAME, "doomed"))
+        doomed = find(gone, SERVICE_NAME, "doomed")
+        assert doomed is not None
+        assert (doomed.state, doomed.healthy) == (ServiceState.RUNNING, False)
+        assert doomed.age_s > 0.8
+        assert doomed.detail.startswith("no heartbeat for")
+        me = find(gone, "control", "ctl")
+        assert me is not None and not me.gone and me.healthy
+
+        await status_until(temper, lambda s: find(s, SERVICE_NAME, "doomed") is None)
+        assert time.monotonic() - killed_at < 2.0 + 1.0
+
+
+async def test_a_generator_behind_the_newest_policy_for_too_long_is_lagging(
+    nats_url: str, temper: TemperClient
+) -> None:
+    async with asyncio.timeout(15), client(nats_url) as nc:
+        js = nc.jetstream()
+        await js.add_stream(name=streams.POLICY.name, subjects=list(streams.POLICY.subjects))
+        # Announced before the control service started: it reads the stream at start.
+        await js.publish(subjects.policy_update(), encode(_update(4)))
+        async with control(nats_url, lagging_after_s=0.5):
+            await fake_heartbeat(nc, "generator", "g-old", policy_version=3)
+            await fake_heartbeat(nc, "generator", "g-new", policy_version=4)
+            early = await status_until(temper, lambda s: find(s, "generator", "g-old") is not None)
+            old = find(early, "generator", "g-old")
+            assert old is not None and (old.policy_version, old.lagging) == (3, False)
+
+            late = await status_until(temper, lambda s: _lags(s, "g-old"))
+            new = find(late, "generator", "g-new")
+            assert new is not None and (new.policy_version, new.lagging) == (4, False)
+
+            await js.publish(subjects.policy_update(), encode(_update(5)))
+            await fake_heartbeat(nc, "generator", "g-new", policy_version=4)
+            await status_until(temper, lambda s: _lags(s, "g-new"))
+
+
+def _update(version: int) -> PolicyUpdate:
+    return PolicyUpdate(version=version, uri=f"/weights/v{version}", digest="sha256:" + "0" * 64)
 
 
 async def test_unhealthy_and_draining_heartbeats_are_reported(
@@ -204,6 +284,16 @@ async def test_a_garbage_status_request_gets_an_error_reply(
         # The service keeps answering good requests.
         status = await temper.status()
         assert find(status, "control", "ctl") is not None
+
+
+def _gone(status: StackStatus, service: str, instance: str) -> bool:
+    found = find(status, service, instance)
+    return found is not None and found.gone
+
+
+def _lags(status: StackStatus, instance: str) -> bool:
+    found = find(status, "generator", instance)
+    return found is not None and found.lagging
 
 
 def _healthy(status: StackStatus, service: str, instance: str) -> bool:

@@ -11,7 +11,15 @@ from nats.aio.client import Client as NATS
 
 from protocol import streams, subjects
 from protocol.codec import Codec, encode
-from protocol.messages import Batch, BatchStatus, SampleRequest, ScoredRollout
+from protocol.messages import (
+    Batch,
+    BatchCommit,
+    BatchStatus,
+    CommitReply,
+    LeaseRelease,
+    SampleRequest,
+    ScoredRollout,
+)
 from services.replay.service import DURABLE, ReplayService, ReplaySettings
 from tests.integration.support import client, runtime
 from tests.unit.test_replay_buffer import scored
@@ -35,7 +43,8 @@ async def _publish(nc: NATS, items: list[ScoredRollout]) -> None:
     js = nc.jetstream()
     for item in items:
         subject = subjects.scored(item.rollout.task.domain, item.rollout.task.id)
-        await js.publish(subject, encode(item), headers={"Nats-Msg-Id": item.id})
+        trace = {"Temper-Trace-Id": f"trace-{item.id}"}
+        await js.publish(subject, encode(item), headers={"Nats-Msg-Id": item.id, **trace})
 
 
 async def _sample(nc: NATS, **fields: object) -> Batch:
@@ -134,3 +143,46 @@ async def test_a_full_buffer_stops_taking_instead_of_dropping(nats_url: str, nc:
         second = await _sample(nc, max_samples=5)
     assert len(second.items) == 2
     assert {i.id for i in first.items}.isdisjoint(i.id for i in second.items)
+
+
+COMMIT_REPLY: Codec[CommitReply] = Codec(CommitReply)
+
+
+async def _commit(nc: NATS, request: BatchCommit | LeaseRelease) -> CommitReply:
+    reply = await nc.request(subjects.replay_commit(), encode(request), timeout=10)
+    return COMMIT_REPLY.decode(reply.data)
+
+
+async def _until_pending(nc: NATS, count: int) -> None:
+    async with asyncio.timeout(10):
+        while await _pending_acks(nc) != count:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_leased_batch_stays_unacked_until_its_commit(nats_url: str, nc: NATS) -> None:
+    async with ReplayService(_settings(nats_url)) as service:
+        await _publish(nc, [scored("l", 0), scored("l", 1), scored("o", 0), scored("o", 1)])
+        await _until_held(service, 4)
+        batch = await _sample(nc, max_samples=2, lease=True)
+        ids = [i.id for i in batch.items]
+        assert batch.traces == {i: f"trace-{i}" for i in ids}
+        await asyncio.sleep(0.3)
+        assert await _pending_acks(nc) == 4, "served under a lease: nothing acked yet"
+        reply = await _commit(nc, BatchCommit(id="c1", rollout_ids=[*ids, "nobody/0"]))
+        assert (reply.committed, reply.unknown) == (2, 1)
+        await _until_pending(nc, 2)
+        again = await _commit(nc, BatchCommit(id="c2", rollout_ids=ids))
+        assert (again.committed, again.unknown) == (0, 2)
+
+
+async def test_a_lease_release_serves_the_uncommitted_again(nats_url: str, nc: NATS) -> None:
+    async with ReplayService(_settings(nats_url)) as service:
+        await _publish(nc, [scored("r", 0), scored("r", 1)])
+        await _until_held(service, 2)
+        first = await _sample(nc, lease=True)
+        assert (await _sample(nc, lease=True, id="r2")).items == []
+        released = await _commit(nc, LeaseRelease(id="x", learner="lrn-1"))
+        assert released.released == 2
+        second = await _sample(nc, lease=True, id="r3")
+    assert sorted(i.id for i in second.items) == sorted(i.id for i in first.items)
+    assert service.statistics()["released"] == 2

@@ -23,7 +23,15 @@ import pytest
 
 from protocol import streams, subjects
 from protocol.client import TemperClient
-from protocol.messages import RolloutStatus, ScoreStatus, ServiceState, StackStatus
+from protocol.messages import (
+    ChatMessage,
+    RolloutStatus,
+    ScoreStatus,
+    ServiceState,
+    StackStatus,
+    Task,
+)
+from services.supervisor import StackSettings, Supervisor
 from tests.integration.test_cli_harness import ENV, ROOT, Done, finish, free_port, start, temper
 
 READY_S = 30.0
@@ -282,6 +290,98 @@ async def test_a_killed_service_is_restarted(ups: list[Up], tmp_path: Path) -> N
     await up.rest()
     assert up.proc.returncode == 0
     await wait_gone([nats_pid, new_pid], timeout_s=1)
+
+
+async def status_once_healthy(url: str, timeout_s: float = 20.0) -> StackStatus:
+    """``temper status --json`` once it answers with every service healthy."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            done = await temper(url, "status", "--json", "--timeout", "1")
+            if done.code == 0:
+                return msgspec.json.decode(done.out, type=StackStatus)
+            await asyncio.sleep(0.2)
+
+
+async def test_a_killed_nats_server_comes_back_on_its_port_and_store(
+    ups: list[Up], tmp_path: Path
+) -> None:
+    up, nats_pid, control_pid = await stack(ups, tmp_path, "--service", "control")
+    task = Task(id="kept-1", domain="math", prompt=[ChatMessage(role="user", content="x")])
+    async with await TemperClient.connect(up.url) as client:
+        receipt = await client.submit(task)
+
+    os.kill(nats_pid, signal.SIGKILL)
+    await up.line(rf"nats-server\s+exited with -{signal.SIGKILL.value} after [\d.]+s; restart in")
+    restarted = await up.line(NATS_STARTED)
+    assert restarted["url"] == up.url  # the same port
+    new_pid = int(restarted["pid"])
+    assert new_pid != nats_pid and alive(new_pid)
+    assert command_line(new_pid).endswith(str(tmp_path / "run" / "nats" / "nats.conf"))
+
+    # The control service rode through (same process, reconnected) and reads the streams
+    # from the same store: the task stored before the crash is still there.
+    status = await status_once_healthy(up.url)
+    [control] = [s for s in status.services if s.service == "control"]
+    assert control.instance == f"{socket.gethostname()}-{control_pid}"
+    [stream] = [s for s in status.streams if s.name == receipt.stream]
+    assert stream.messages == 1
+    assert alive(control_pid)
+    assert not any(re.search(r"control\s+exited", line) for line in up.lines)
+
+    up.proc.send_signal(signal.SIGTERM)
+    tail = await up.rest()
+    assert up.proc.returncode == 0
+    assert tail.rstrip().endswith("nats-server stopped")
+    await wait_gone([new_pid, control_pid], timeout_s=1)
+
+
+async def said(lines: list[str], pattern: str, count: int = 1, timeout_s: float = 10.0) -> None:
+    """Wait until ``count`` of the supervisor's lines match ``pattern``."""
+    async with asyncio.timeout(timeout_s):
+        while sum(bool(re.search(pattern, line)) for line in lines) < count:
+            await asyncio.sleep(0.02)
+
+
+async def take_port(sock: socket.socket, port: int, timeout_s: float = 5.0) -> None:
+    """Listen on ``port`` as soon as it is free."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                await asyncio.sleep(0.01)
+    sock.listen()
+
+
+async def test_nats_server_restarts_back_off_until_its_port_is_free(tmp_path: Path) -> None:
+    port = free_port()
+    settings = StackSettings(
+        run_dir=tmp_path / "run", nats_port=port, restart_backoff_s=0.2, max_backoff_s=0.4
+    )
+    lines: list[str] = []
+    supervisor = Supervisor(settings, say=lines.append)
+    stop = asyncio.Event()
+    await supervisor.start()
+    watcher = asyncio.create_task(supervisor.watch(stop))
+    started = rf"^nats-server  nats://127\.0\.0\.1:{port}  \(pid (\d+)\)$"
+    try:
+        [first] = [int(m[1]) for line in lines if (m := re.match(started, line))]
+        with socket.socket() as squatter:
+            os.kill(first, signal.SIGKILL)
+            await take_port(squatter, port)
+            await said(lines, rf"^nats-server  exited with -{signal.SIGKILL.value} after ")
+            await said(lines, r"^nats-server  did not start \(nats-server exited with 1; see ")
+        await said(lines, started, count=2)
+        assert supervisor.nats_server.restarts >= 2
+        async with await TemperClient.connect(supervisor.nats_url) as client:
+            assert await client.ping(timeout_s=0.2) == []  # answering again, on the same port
+    finally:
+        stop.set()
+        await watcher
+        await supervisor.stop()
+    assert lines[-1] == "nats-server stopped"
 
 
 async def test_killing_up_leaves_nothing_behind(ups: list[Up], tmp_path: Path) -> None:

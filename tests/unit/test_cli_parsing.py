@@ -31,6 +31,7 @@ COMMANDS = (
     "sandbox",
     "domains",
     "model",
+    "ledger",
     "train",
 )
 HEX_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -296,3 +297,25 @@ def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
         "TEMPER_LEARNER_OUT_DIR": str(Path("run/learner").resolve()),
     }
     assert policy_env(args, ("control",)) == {}
+
+
+def test_status_exit_code_forgives_a_gone_predecessor_not_a_gone_service() -> None:
+    from protocol.messages import ServiceState, ServiceStatus, StackStatus
+    from services.cli.stack import _healthy
+
+    def one(service: str, instance: str, *, gone: bool = False) -> ServiceStatus:
+        return ServiceStatus(
+            service=service,
+            instance=instance,
+            state=ServiceState.RUNNING,
+            healthy=not gone,
+            age_s=0.0,
+            gone=gone,
+        )
+
+    restarted = [one("learner", "old", gone=True), one("learner", "new"), one("replay", "r")]
+    assert _healthy(StackStatus(services=restarted))
+    assert not _healthy(
+        StackStatus(services=[one("learner", "old", gone=True), one("replay", "r")])
+    )
+    assert not _healthy(StackStatus(services=[]))

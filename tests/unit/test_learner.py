@@ -145,18 +145,26 @@ def test_training_raises_the_rewarded_completion(tiny_model: Path, tmp_path: Pat
 
 
 def test_checkpoint_resumes_exactly(tiny_model: Path, tmp_path: Path) -> None:
-    batch = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]
-    first = Trainer(tiny_model, tmp_path / "a", TrainerConfig(lr=1e-3))
+    """Model, optimizer, RNG (the minibatch shuffle), step, version and the caller's extra
+    state (the ledger position) come back; the next steps then match bit for bit."""
+    batch = [_item(f"g{i}", j, [22 + i, 23 + j], float(j), -7.0) for i in range(3) for j in (0, 1)]
+    config = TrainerConfig(lr=1e-3, minibatches=2, epochs=2)
+    first = Trainer(tiny_model, tmp_path / "a", config)
     first.train(batch)
     first.export(keep=2)
-    first.save_checkpoint()
-    second = Trainer(tiny_model, tmp_path / "a", TrainerConfig(lr=1e-3))
-    assert second.resume()
-    assert (second.step, second.version) == (1, 1)
-    first.train(batch)
-    second.train(batch)
+    first.save_checkpoint({"ledger": {"position": 123}})
+    second = Trainer(tiny_model, tmp_path / "a", config)
+    loaded = second.resume()
+    assert loaded is not None and loaded.state["extra"] == {"ledger": {"position": 123}}
+    assert (second.step, second.version, second.consumed) == (1, 1, 6)
+    for _ in range(2):
+        first.train(batch)
+        second.train(batch)
     for name, value in first.model.state_dict().items():
         assert torch.equal(value, second.model.state_dict()[name]), name
+    moments = first.optimizer.state_dict()["state"], second.optimizer.state_dict()["state"]
+    for index, state in moments[0].items():
+        assert torch.equal(state["exp_avg_sq"], moments[1][index]["exp_avg_sq"]), index
 
 
 def test_exported_weights_load_in_the_engine_and_old_versions_are_pruned(
@@ -270,6 +278,24 @@ def test_malformed_rollouts_are_refused_by_name_and_the_step_goes_on(
     assert set(reasons) == {"h/0", "n/0"}
     assert "vocabulary" in reasons["h/0"] and "not finite" in reasons["n/0"]
     assert result.step == 1 and result.samples == 2 and not result.skipped
+
+
+def test_a_rollout_newer_than_the_learner_is_refused_as_negative_staleness(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    good = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]
+    future = _item("f", 0, [22, 23], 1.0, -7.0)
+    segments = [msgspec.structs.replace(future.rollout.segments[0], version=5)]
+    future = msgspec.structs.replace(
+        future, rollout=msgspec.structs.replace(future.rollout, segments=segments)
+    )
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3))
+    trainer.version = 4
+    result = trainer.train([*good, future])
+    [refusal] = result.refused
+    assert (refusal.rollout_id, refusal.kind) == ("f/0", "negative_staleness")
+    assert "5 > learner version 4" in refusal.reason
+    assert result.staleness_mean >= 0
 
 
 def test_a_non_finite_loss_skips_the_update(tiny_model: Path, tmp_path: Path) -> None:

@@ -170,3 +170,54 @@ def test_available_counts_what_take_could_serve_without_taking_it() -> None:
     assert buffer.available(whole_groups=False, **fresh) == 1
     assert buffer.available(learner_version=0, max_staleness=0, whole_groups=True, now=1.0) == 4
     assert len(buffer) == 5
+
+
+def test_a_leased_batch_is_acked_only_by_its_commit() -> None:
+    buffer, released = ReplayBuffer(group_timeout_s=60), Released()
+    fill(buffer, [scored("a", 0), scored("a", 1), scored("b", 0), scored("b", 1)], released)
+    served = take(buffer, max_samples=2, lease=True)
+    ids = [item.id for item in served.items]
+    assert len(ids) == 2 and released.ids == []
+    assert buffer.leased == 2 and len(buffer) == 2
+    assert buffer.commit([*ids, "nobody/0"]) == (2, 1)
+    assert sorted(released.ids) == sorted(ids)
+    assert buffer.commit(ids) == (0, 2), "a second commit of the same ids acks nothing"
+    assert buffer.statistics()["committed"] == 2.0
+
+
+def test_released_leases_are_served_again_as_whole_groups() -> None:
+    buffer, released = ReplayBuffer(group_timeout_s=60), Released()
+    items = [
+        scored("a", 0, n=3),
+        scored("a", 1, n=3),
+        scored("a", 2, n=3, status=ScoreStatus.INFRA_FAILURE),
+    ]
+    fill(buffer, items, released)
+    first = take(buffer, max_samples=8, lease=True)
+    assert [i.id for i in first.items] == ["a/0", "a/1"]
+    assert released.ids == ["a/2"], "the infra failure is acked, never leased"
+    assert buffer.release_leases() == 2
+    # The group lost its infra-failed member for good: it must not wait for it again.
+    again = take(buffer, max_samples=8, lease=True)
+    assert sorted(i.id for i in again.items) == ["a/0", "a/1"]
+    assert released.ids == ["a/2"]
+    assert buffer.statistics()["released"] == 2.0
+
+
+def test_a_commit_takes_a_redelivered_rollout_out_of_the_buffer() -> None:
+    """After a restart of the replay service, what the learner trained comes back
+    unacked; its commit acks it instead of letting it be served again."""
+    buffer, released = ReplayBuffer(group_timeout_s=60), Released()
+    fill(buffer, [scored("a", 0), scored("a", 1)], released)
+    assert buffer.commit(["a/0"]) == (1, 0)
+    assert released.ids == ["a/0"]
+    served = take(buffer, max_samples=8, whole_groups=False)
+    assert [i.id for i in served.items] == ["a/1"]
+
+
+def test_a_leased_rollout_redelivered_is_not_held_twice() -> None:
+    buffer, released = ReplayBuffer(group_timeout_s=60), Released()
+    fill(buffer, [scored("a", 0), scored("a", 1)], released)
+    take(buffer, max_samples=8, lease=True)
+    assert not buffer.add(scored("a", 0), released.hook("a/0"))
+    assert buffer.counts.duplicates == 1

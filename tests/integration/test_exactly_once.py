@@ -1,0 +1,133 @@
+"""Exactly-once training, proven with ``kill -9``: replay and learner run as real processes
+under the supervisor while scored rollouts keep arriving; the learner and the replay
+buffer are killed mid-run, restarted by the supervisor, and the provenance ledger must
+show every rollout trained exactly once, every one committed, none lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from protocol import subjects
+from protocol.codec import encode
+from services.learner.ledger_check import LedgerReport, check
+from services.supervisor import Supervisor
+from tests.integration.chaos import Stack, running_stack
+from tests.integration.support import client
+from tests.integration.test_supervisor import alive
+from tests.unit.test_replay_buffer import scored
+
+GROUPS = 120
+#: Seconds between two published groups: the learner keeps working across the kills.
+PACE_S = 0.15
+
+
+def _env(model: Path, run_dir: Path) -> dict[str, str]:
+    return {
+        "TEMPER_LEARNER_MODEL": str(model),
+        "TEMPER_LEARNER_OUT_DIR": str(run_dir / "learner"),
+        "TEMPER_LEARNER_BATCH_SIZE": "8",
+        "TEMPER_LEARNER_MIN_SAMPLES": "2",
+        "TEMPER_LEARNER_SAMPLE_WAIT_S": "0.3",
+        "TEMPER_LEARNER_CHECKPOINT_EVERY": "3",
+        "TEMPER_LEARNER_TENSORBOARD": "false",
+        "TEMPER_LEARNER_THREADS": "1",
+        # Re-served rollouts are old by then: staleness must not drop them in this test.
+        "TEMPER_REPLAY_MAX_STALENESS": "100000",
+        "TEMPER_REPLAY_ACK_WAIT_S": "5",
+        "TEMPER_STATS_S": "1",
+    }
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, tiny_model: Path) -> AsyncIterator[Stack]:
+    env = _env(tiny_model, tmp_path)
+    async with running_stack(tmp_path, env, services=("replay", "learner")) as running:
+        yield running
+
+
+async def _publish_all(url: str) -> set[str]:
+    ids: set[str] = set()
+    async with client(url) as nc:
+        js = nc.jetstream()
+        for group in range(GROUPS):
+            for index in (0, 1):
+                item = scored(f"g{group}", index)
+                subject = subjects.scored(item.rollout.task.domain, item.rollout.task.id)
+                headers = {"Nats-Msg-Id": item.id, "Temper-Trace-Id": f"trace-{item.id}"}
+                await js.publish(subject, encode(item), headers=headers)
+                ids.add(item.id)
+            await asyncio.sleep(PACE_S)
+    return ids
+
+
+def _ledger_traces(path: Path) -> dict[str, str]:
+    traces: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        for rollout in record.get("rollouts", []):
+            traces[rollout["id"]] = rollout["trace"]
+    return traces
+
+
+def _ledger(run_dir: Path) -> Path:
+    return run_dir / "learner" / "ledger.jsonl"
+
+
+def _steps(run_dir: Path) -> int:
+    path = _ledger(run_dir)
+    return path.read_text().count('"kind":"step"') if path.exists() else 0
+
+
+async def _kill_after_steps(supervisor: Supervisor, name: str, run_dir: Path, more: int) -> None:
+    """Wait until the learner recorded ``more`` steps after now, then kill -9 ``name``."""
+    target = _steps(run_dir) + more
+    async with asyncio.timeout(60):
+        while _steps(run_dir) < target:
+            await asyncio.sleep(0.05)
+    proc = supervisor.children[name].proc
+    assert proc is not None and alive(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    async with asyncio.timeout(30):
+        while supervisor.children[name].proc is proc:  # replaced once restarted
+            await asyncio.sleep(0.05)
+
+
+async def _until_trained(run_dir: Path, wanted: set[str]) -> LedgerReport:
+    async with asyncio.timeout(90):
+        while True:
+            if _ledger(run_dir).exists():
+                report = check(_ledger(run_dir))
+                if report.trained_ids >= wanted:
+                    return report
+            await asyncio.sleep(0.5)
+
+
+async def test_killed_learner_and_replay_train_every_rollout_exactly_once(
+    stack: Stack, tmp_path: Path
+) -> None:
+    supervisor = stack.supervisor
+    async with asyncio.TaskGroup() as group:
+        published = group.create_task(_publish_all(supervisor.nats_url))
+        await _kill_after_steps(supervisor, "learner", tmp_path, 4)
+        await _kill_after_steps(supervisor, "replay", tmp_path, 4)
+        await _kill_after_steps(supervisor, "learner", tmp_path, 4)
+    wanted = published.result()
+    await _until_trained(tmp_path, wanted)
+    # A clean stop checkpoints and commits everything the learner trained.
+    await stack.shutdown()
+    report = check(_ledger(tmp_path))
+    assert report.trained_ids == wanted
+    assert report.trained_twice == [] and report.lost == [] and report.version_errors == []
+    assert report.uncommitted == [], "a clean stop commits everything trained"
+    assert report.resumes >= 2, report.summary()
+    traces = _ledger_traces(_ledger(tmp_path))
+    assert all(traces[i] == f"trace-{i}" for i in wanted), "each rollout's trace id is kept"
+    children = supervisor.children
+    assert children["learner"].restarts == 2 and children["replay"].restarts == 1
