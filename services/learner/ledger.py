@@ -71,11 +71,24 @@ class Ledger:
     def trained(self, rollout_id: str) -> bool:
         return rollout_id in self._trained
 
-    def resume(self, *, position: int, recent: list[str], step: int, version: int) -> None:
-        """Continue the lineage of a checkpoint that was taken at ``position``."""
+    def resume(
+        self,
+        *,
+        position: int,
+        recent: list[str],
+        uncommitted: list[str],
+        step: int,
+        version: int,
+    ) -> None:
+        """Continue the lineage of a checkpoint that was taken at ``position``.
+
+        ``uncommitted``, trained before the checkpoint but not yet committed, is ready to
+        commit at once: the checkpoint resumed from makes it durable, and committed now it
+        is not served again only to be dropped as stale.
+        """
         for rollout_id in recent:
             self._remember(rollout_id)
-        self._segments = [[]]
+        self._segments = [list(uncommitted), []] if uncommitted else [[]]
         abandoned = max(0, self.position - position)
         if not self.position:
             return
@@ -133,6 +146,10 @@ class Ledger:
         """Rollouts not committed yet: of the open interval, or of every interval."""
         segments = self._segments if all_intervals else self._segments[-1:]
         return sum(len(segment) for segment in segments)
+
+    def uncommitted(self) -> list[str]:
+        """Every id trained (or served again) and not committed yet, oldest first."""
+        return [rollout_id for segment in self._segments for rollout_id in segment]
 
     def recent(self) -> list[str]:
         return list(self._trained)

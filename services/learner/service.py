@@ -179,6 +179,9 @@ class LearnerService(Service):
         await self._resume()
         await self._continue_lineage()
         if settings.lease:
+            # What the checkpoint covers is committed first, so that the release puts back
+            # only what the abandoned steps used.
+            await self._commit(all_closed=True)
             await self._release_leases()
 
     async def _resume(self) -> None:
@@ -188,6 +191,7 @@ class LearnerService(Service):
         self._ledger.resume(
             position=int(ledger.get("position", 0)),
             recent=list(ledger.get("recent", [])),
+            uncommitted=list(ledger.get("uncommitted", [])),
             step=trainer.step,
             version=trainer.version,
         )
@@ -379,7 +383,13 @@ class LearnerService(Service):
         """Checkpoint with the ledger's position, which then closes its interval."""
         ledger = self._ledger
         await asyncio.to_thread(ledger.flush)
-        extra = {"ledger": {"position": ledger.position, "recent": ledger.recent()}}
+        extra = {
+            "ledger": {
+                "position": ledger.position,
+                "recent": ledger.recent(),
+                "uncommitted": ledger.uncommitted(),
+            }
+        }
         await asyncio.to_thread(self.trainer.save_checkpoint, extra)
         ledger.checkpointed()
         self._since_checkpoint = 0

@@ -131,3 +131,41 @@ async def test_killed_learner_and_replay_train_every_rollout_exactly_once(
     assert all(traces[i] == f"trace-{i}" for i in wanted), "each rollout's trace id is kept"
     children = supervisor.children
     assert children["learner"].restarts == 2 and children["replay"].restarts == 1
+
+
+async def test_a_resumed_learner_commits_what_its_checkpoint_covers_before_releasing(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Rollouts trained before the checkpoint and not yet committed (commits trail one
+    checkpoint) are committed at start, not served again to be dropped as stale."""
+    from services.learner.service import LearnerService, LearnerSettings
+    from services.learner.trainer import Trainer
+    from services.replay.service import ReplayService, ReplaySettings
+    from tests.integration.support import runtime
+    from tests.integration.test_replay_service import _publish, _sample, _until_held
+
+    learner_settings = LearnerSettings(
+        runtime=runtime(nats_url, instance="lrn-resume"),
+        model=tiny_model,
+        out_dir=tmp_path / "learner",
+        tensorboard=False,
+        sample_wait_s=0.2,
+    )
+    replay_settings = ReplaySettings(runtime=runtime(nats_url, instance="replay-resume"))
+    async with client(nats_url) as nc, ReplayService(replay_settings) as replay:
+        trained = [scored("t", 0), scored("t", 1)]
+        after = [scored("u", 0), scored("u", 1)]
+        await _publish(nc, [*trained, *after])
+        await _until_held(replay, 4)
+        await _sample(nc, lease=True, max_samples=2, whole_groups=True, id="old-1")
+        await _sample(nc, lease=True, max_samples=2, whole_groups=True, id="old-2")
+        assert replay.buffer.leased == 4
+        ids = [item.id for item in trained]
+        checkpointed = Trainer(
+            tiny_model, learner_settings.out_dir, learner_settings.trainer_config()
+        )
+        checkpointed.save_checkpoint({"ledger": {"position": 0, "recent": ids, "uncommitted": ids}})
+        async with LearnerService(learner_settings):
+            stats = replay.buffer.statistics()
+            assert stats["committed"] >= 2, "the checkpoint's rollouts are committed at start"
+            assert stats["released"] == 2, "only the abandoned steps' rollouts come back"

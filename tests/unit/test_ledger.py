@@ -61,11 +61,12 @@ def test_a_resume_abandons_the_steps_after_its_checkpoint(tmp_path: Path) -> Non
     ledger.checkpointed()
     _step(ledger, 2, ["c", "d"])  # the learner dies before its next checkpoint
     again = Ledger(tmp_path)
-    again.resume(position=position, recent=["a", "b"], step=1, version=1)
+    again.resume(position=position, recent=["a", "b"], uncommitted=["a", "b"], step=1, version=1)
     assert again.trained("a") and not again.trained("c")
-    # The buffer serves c, d (released) and a, b (never committed) again: a and b are
-    # not retrained, and the versions number on past the abandoned one.
-    _step(again, 2, ["c", "d"], again=["a", "b"], version=3)
+    assert _commit(again, all_closed=True) == ["a", "b"], "the checkpoint covers a and b"
+    # The buffer serves c and d again (released), and a too (redelivered after a restart
+    # of the buffer): a is not retrained, and the versions number on past the abandoned one.
+    _step(again, 2, ["c", "d"], again=["a"], version=3)
     again.checkpointed()
     _step(again, 3, ["e"], version=4)
     again.checkpointed()
@@ -87,7 +88,7 @@ def test_the_checker_finds_twice_trained_lost_and_uncommitted(tmp_path: Path) ->
     ledger.checkpointed()
     _commit(ledger, all_closed=True)  # committed, then the learner rolls back past it
     _step(ledger, 4, ["y"])
-    ledger.resume(position=position, recent=[], step=2, version=2)
+    ledger.resume(position=position, recent=[], uncommitted=[], step=2, version=2)
     report = check(ledger.path)
     assert report.trained_twice == ["b"]
     assert report.lost == ["x"]
@@ -99,7 +100,7 @@ def test_versions_must_strictly_increase_across_lineages(tmp_path: Path) -> None
     ledger = Ledger(tmp_path)
     _step(ledger, 1, ["a"])
     _step(ledger, 2, ["b"])
-    ledger.resume(position=0, recent=[], step=0, version=0)
+    ledger.resume(position=0, recent=[], uncommitted=[], step=0, version=0)
     _step(ledger, 1, ["a"])  # a learner that re-issued version 1
     report = check(ledger.path)
     assert report.version_errors == ["step 1 published version 1 after version 2"]
