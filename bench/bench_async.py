@@ -32,7 +32,7 @@ from stack_figures import learner_steps, service_lines  # noqa: E402
 TEMPER = [str(ROOT / ".venv" / "bin" / "temper")]
 BATCH = 256
 #: Learner stages that are the learner working, not waiting for a batch.
-BUSY = ("train", "export", "publish", "checkpoint")
+BUSY = ("train", "export", "publish", "checkpoint", "commit")
 
 
 @dataclass(frozen=True, kw_only=True)

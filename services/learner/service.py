@@ -251,7 +251,6 @@ class LearnerService(Service):
             self._current = asyncio.ensure_future(self._step(batch, stages))
             await asyncio.shield(self._current)
             self._current = None
-            await self._maybe_checkpoint()
 
     async def _step(self, batch: Batch, stages: Stages) -> None:
         fresh = [i for i in batch.items if not self._ledger.trained(i.id)]
@@ -272,6 +271,7 @@ class LearnerService(Service):
             published = await self._publish(result.step, stages)
         self._ledger.record_step(self._step_record(batch, fresh, again, result, published))
         self._since_checkpoint += 1
+        await self._maybe_checkpoint(stages)
         if result is not None and not result.skipped:
             self._record(result, batch, {**stages.seconds, **result.seconds})
 
@@ -359,15 +359,17 @@ class LearnerService(Service):
             await self._announce(exported)
         return True
 
-    async def _maybe_checkpoint(self) -> None:
+    async def _maybe_checkpoint(self, stages: Stages) -> None:
         waiting = self._ledger.waiting()
         if (
             self._since_checkpoint < self.settings.checkpoint_every
             and waiting < self.settings.commit_samples
         ):
             return
-        await self._checkpoint()
-        await self._commit(all_closed=False)
+        with stages.stage("checkpoint"):
+            await self._checkpoint()
+        with stages.stage("commit"):
+            await self._commit(all_closed=False)
 
     async def _settle(self) -> None:
         """The buffer has nothing to serve: commit everything trained.  Leased rollouts
