@@ -43,9 +43,11 @@ from protocol.messages import (
     ScoredRollout,
 )
 from services.learner.acks import AckSettings, WeightAcks
+from services.learner.checkpoints import Loaded
 from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
+from services.learner.published import Published, newest_published
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
 from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
@@ -185,28 +187,69 @@ class LearnerService(Service):
             await self._release_leases()
 
     async def _resume(self) -> None:
+        """The newest consistent state: the newest readable checkpoint, or a version
+        published after it whose weights are on disk and match the ledger's digest."""
         loaded = await asyncio.to_thread(self.trainer.resume)
         trainer = self.trainer
-        ledger = loaded.state.get("extra", {}).get("ledger", {}) if loaded else {}
+        state = loaded.state.get("extra", {}).get("ledger", {}) if loaded else {}
+        position = int(state.get("position", 0))
+        recent = list(state.get("recent", []))
+        uncommitted = list(state.get("uncommitted", []))
+        published = await asyncio.to_thread(
+            newest_published,
+            self._ledger.path,
+            position,
+            self.settings.out_dir / "weights",
+            trainer.version,
+        )
+        if published is not None:
+            await self._take_published(published)
+            position = published.position
+            recent += published.trained
+            uncommitted += published.commit
         self._ledger.resume(
-            position=int(ledger.get("position", 0)),
-            recent=list(ledger.get("recent", [])),
-            uncommitted=list(ledger.get("uncommitted", [])),
+            position=position,
+            recent=recent,
+            uncommitted=uncommitted,
             step=trainer.step,
             version=trainer.version,
         )
-        if loaded is None:
-            return
+        if published is not None:
+            # The steps those weights embody become durable in a checkpoint before their
+            # rollouts are committed.
+            await self._checkpoint()
+        if loaded is not None or published is not None:
+            self._log_resumed(loaded)
+            current = trainer.current_weights()
+            if current is not None:
+                await self._announce(current)
+
+    async def _take_published(self, published: Published) -> None:
+        trainer = self.trainer
+        self.log.warning(
+            "resumed_from_published",
+            checkpoint_version=trainer.version,
+            version=published.version,
+            step=published.step,
+            rollouts=len(published.trained),
+        )
+        await asyncio.to_thread(
+            trainer.load_weights,
+            published.path,
+            version=published.version,
+            step=published.step,
+            samples=len(published.trained),
+        )
+
+    def _log_resumed(self, loaded: Loaded | None) -> None:
+        trainer = self.trainer
         self.log.info(
             "resumed",
             step=trainer.step,
             version=trainer.version,
-            checkpoint=str(loaded.path),
-            skipped_unreadable=[str(e.path) for e in loaded.skipped],
+            checkpoint=str(loaded.path) if loaded else None,
+            skipped_unreadable=[str(e.path) for e in loaded.skipped] if loaded else [],
         )
-        current = trainer.current_weights()
-        if current is not None:
-            await self._announce(current)
 
     async def _release_leases(self) -> None:
         """What an earlier run of this learner leased and never committed is served again."""

@@ -452,6 +452,17 @@ class Trainer:
         self.consumed = int(state.get("consumed", 0))
         return loaded
 
+    def load_weights(self, path: Path, *, version: int, step: int, samples: int) -> None:
+        """Take the weights of a published directory (newer than the checkpoint resumed
+        from) as version ``version`` after ``step`` steps; ``samples`` more consumed."""
+        from transformers import AutoModelForCausalLM
+
+        published: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        with self._lock:
+            self.model.load_state_dict(published.state_dict())
+            self.version, self.step = version, step
+            self.consumed += samples
+
     def current_weights(self) -> Exported | None:
         """The published directory of the current version, if it is still on disk."""
         path = self.out_dir / "weights" / f"v{self.version}"
