@@ -385,6 +385,10 @@ class LearnerService(Service):
         except (nats.errors.Error, TimeoutError, DecodeError) as error:
             self.failures += 1
             self.log.warning("no_batch", error=repr(error))
+            if self.settings.lease and isinstance(error, TimeoutError | DecodeError):
+                # The buffer may have leased a batch whose reply never arrived: put it back.
+                # Leases of rollouts trained here come back too, and are only committed.
+                await self._release_leases()
             return None
         if isinstance(answer, ErrorReply):
             self.failures += 1

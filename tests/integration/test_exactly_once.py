@@ -11,12 +11,15 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import nats.errors
 import pytest
 
 from protocol import subjects
 from protocol.codec import encode
 from services.learner.ledger_check import LedgerReport, check
+from services.runtime.service import Service
 from services.supervisor import Supervisor
 from tests.integration.chaos import Stack, running_stack
 from tests.integration.support import client
@@ -169,3 +172,59 @@ async def test_a_resumed_learner_commits_what_its_checkpoint_covers_before_relea
             stats = replay.buffer.statistics()
             assert stats["committed"] >= 2, "the checkpoint's rollouts are committed at start"
             assert stats["released"] == 2, "only the abandoned steps' rollouts come back"
+
+
+async def test_a_batch_whose_reply_is_lost_is_released_and_trained_once(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The buffer leased a batch, but its reply never reached the learner (dropped here
+    at the transport): the learner releases the lease, and the rollouts are served
+    again and trained once."""
+    from services.learner.service import LearnerService, LearnerSettings
+    from services.replay.service import ReplayService, ReplaySettings
+    from tests.integration.support import runtime
+    from tests.integration.test_replay_service import _publish, _until_held
+
+    settings = LearnerSettings(
+        runtime=runtime(nats_url, instance="lrn-lost"),
+        model=tiny_model,
+        out_dir=tmp_path / "learner",
+        tensorboard=False,
+        sample_wait_s=0.2,
+        min_samples=2,
+    )
+    replay_settings = ReplaySettings(runtime=runtime(nats_url, instance="replay-lost"))
+    wanted = {"lost/0", "lost/1"}
+    async with client(nats_url) as nc, ReplayService(replay_settings) as replay:
+        await _publish(nc, [scored("lost", 0), scored("lost", 1)])
+        await _until_held(replay, 2)
+        learner = LearnerService(settings)
+        await learner.start()
+        try:
+            await _lose_one_reply(learner)
+            async with asyncio.timeout(30):
+                while not (_ledger(tmp_path).exists() and check(_ledger(tmp_path)).trained_ids):
+                    await asyncio.sleep(0.1)
+        finally:
+            await learner.stop()
+    report = check(_ledger(tmp_path))
+    assert report.trained_ids == wanted and report.ok, report.summary()
+    assert replay.buffer.statistics()["released"] >= 2
+
+
+async def _lose_one_reply(learner: Service) -> None:
+    """Let the next sample request reach the buffer, then drop its reply."""
+    nc = learner.bus.nc
+    real = nc.request
+    lost = asyncio.Event()
+
+    async def request(subject: str, payload: bytes = b"", *args: Any, **kw: Any) -> Any:
+        reply = await real(subject, payload, *args, **kw)
+        if subject == subjects.replay_sample() and not lost.is_set() and b"lost/0" in reply.data:
+            lost.set()
+            raise nats.errors.TimeoutError
+        return reply
+
+    nc.request = request  # type: ignore[method-assign]
+    async with asyncio.timeout(30):
+        await lost.wait()
