@@ -22,6 +22,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,32 @@ class Ledger:
             ledger.seek(-1, os.SEEK_END)
             if ledger.read(1) != b"\n":
                 ledger.write(b"\n")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Line:
+    """One line of a ledger: its byte range and its record (empty for a torn line)."""
+
+    start: int
+    end: int
+    record: dict[str, Any]
+
+
+def read(path: Path, start: int = 0) -> Iterator[Line]:
+    """The lines of the ledger at ``path`` that begin at or after byte ``start``."""
+    if not path.is_file():
+        return
+    offset = 0
+    with path.open("rb") as ledger:
+        for raw in ledger:
+            begin, offset = offset, offset + len(raw)
+            if begin >= start:
+                yield Line(start=begin, end=offset, record=_parse(raw))
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}

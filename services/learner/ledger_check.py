@@ -14,12 +14,11 @@ checkpoint was taken before it).  Over it:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.learner.ledger import FILE
+from services.learner.ledger import FILE, read
 
 
 @dataclass(kw_only=True)
@@ -95,25 +94,22 @@ def _read(path: Path, report: LedgerReport) -> tuple[list[_Step], set[str]]:
     steps: list[_Step] = []
     commits: set[str] = set()
     last_version = -1
-    offset = 0
-    with path.open("rb") as ledger:
-        for line in ledger:
-            record = _parse(line)
-            start, offset = offset, offset + len(line)
-            if record is None:
-                report.torn_lines += 1
-                continue
-            kind = record.get("kind")
-            if kind == "step":
-                steps.append(_Step(offset=start, record=record))
-                last_version = _check_version(record, last_version, report)
-            elif kind == "commit":
-                commits.update(record.get("ids", []))
-            elif kind == "resume":
-                report.resumes += 1
-                kept = [s for s in steps if s.offset < int(record["position"])]
-                report.abandoned_steps += len(steps) - len(kept)
-                steps = kept
+    for line in read(path):
+        record = line.record
+        if not record:
+            report.torn_lines += 1
+            continue
+        kind = record.get("kind")
+        if kind == "step":
+            steps.append(_Step(offset=line.start, record=record))
+            last_version = _check_version(record, last_version, report)
+        elif kind == "commit":
+            commits.update(record.get("ids", []))
+        elif kind == "resume":
+            report.resumes += 1
+            kept = [s for s in steps if s.offset < int(record["position"])]
+            report.abandoned_steps += len(steps) - len(kept)
+            steps = kept
     return steps, commits
 
 
@@ -126,11 +122,3 @@ def _check_version(record: dict[str, Any], last: int, report: LedgerReport) -> i
             f"step {record.get('step')} published version {version} after version {last}"
         )
     return max(last, version)
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None

@@ -12,11 +12,10 @@ exactly, which is why the learner checkpoints at once after it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from services.learner.ledger import Line, read
 from services.runtime.weights import directory_digest
 
 
@@ -31,13 +30,6 @@ class Published:
     trained: list[str] = field(default_factory=list)
     #: Those, and the ones served again meanwhile: all to commit.
     commit: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Line:
-    start: int
-    end: int
-    record: dict[str, Any]
 
 
 def newest_published(
@@ -56,7 +48,7 @@ def newest_published(
     return None
 
 
-def _published(steps: list[_Line], path: Path) -> Published:
+def _published(steps: list[Line], path: Path) -> Published:
     last = steps[-1]
     trained = [r["id"] for s in steps for r in s.record.get("rollouts", [])]
     again = [i for s in steps for i in s.record.get("again", [])]
@@ -70,30 +62,13 @@ def _published(steps: list[_Line], path: Path) -> Published:
     )
 
 
-def _surviving_steps(ledger: Path, position: int) -> list[_Line]:
+def _surviving_steps(ledger: Path, position: int) -> list[Line]:
     """Step records after ``position`` that no later resume abandoned."""
-    if not ledger.is_file():
-        return []
-    steps: list[_Line] = []
-    offset = 0
-    with ledger.open("rb") as lines:
-        for raw in lines:
-            start, offset = offset, offset + len(raw)
-            if start < position:
-                continue
-            record = _parse(raw)
-            if record is None:
-                continue
-            if record.get("kind") == "step":
-                steps.append(_Line(start=start, end=offset, record=record))
-            elif record.get("kind") == "resume":
-                steps = [s for s in steps if s.start < int(record["position"])]
+    steps: list[Line] = []
+    for line in read(ledger, position):
+        kind = line.record.get("kind")
+        if kind == "step":
+            steps.append(line)
+        elif kind == "resume":
+            steps = [s for s in steps if s.start < int(line.record["position"])]
     return steps
-
-
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
