@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,8 +37,8 @@ from tests.integration.chaos import (
     submit,
 )
 
-pytestmark = pytest.mark.timeout(900)
 FLOOD_S = float(os.environ.get("TEMPER_FLOOD_S", "15"))
+pytestmark = pytest.mark.timeout(int(900 + FLOOD_S * 30))
 WARM_S = 10.0
 #: Tasks outstanding while the usual rate is measured (``temper train``'s default).
 IN_FLIGHT = 64
@@ -46,6 +46,8 @@ CAPACITY = 256
 #: Allowed growth of a service's resident memory under the flood over its warm-up peak.
 RSS_FACTOR = 1.5
 RSS_SLACK_MB = 64.0
+#: The drain may not stand still longer than this (the overall bound is the test timeout).
+STALL_S = 90.0
 
 
 def rss_mb(pid: int) -> float:
@@ -165,13 +167,34 @@ async def _flood(stack: Stack, rate: float) -> int:
 
 
 async def _until_all_served(stack: Stack, rollouts: int, run_dir: Path) -> None:
+    """Waits while the stack makes progress: the scored stream's size is polled cheaply (a
+    full read of tens of thousands of rollouts every few seconds would take the two cores
+    from the stack it measures), then the ledger until it has trained every trainable one."""
+    async with connected(stack.url) as nc:
+        js = nc.jetstream()
+
+        async def stored() -> int:
+            return int((await js.stream_info(streams.SCORED.name)).state.messages)
+
+        await _while_progressing(stored, rollouts, "scored rollouts")
+    found = await scored(stack.url)
+    assert len(found.ids) >= rollouts, f"{len(found.ids)} distinct scored of {rollouts}"
     ledger = run_dir / "learner" / "ledger.jsonl"
-    async with asyncio.timeout(FLOOD_S * 12 + 120):
-        while True:
-            await asyncio.sleep(2.0)
-            found = await scored(stack.url)
-            if len(found.ids) >= rollouts and check(ledger).trained_ids >= found.trainable:
-                return
+
+    async def trained() -> int:
+        return len(check(ledger).trained_ids & found.trainable)
+
+    await _while_progressing(trained, len(found.trainable), "trained rollouts")
+
+
+async def _while_progressing(count: Callable[[], Awaitable[int]], goal: int, what: str) -> None:
+    """Returns once ``count`` reaches ``goal``; fails when it stops growing for ``STALL_S``."""
+    best, last_growth = -1, time.monotonic()
+    while (now := await count()) < goal:
+        if now > best:
+            best, last_growth = now, time.monotonic()
+        assert time.monotonic() - last_growth < STALL_S, f"{what} stalled at {best} of {goal}"
+        await asyncio.sleep(3.0)
 
 
 async def _dead_letters(stack: Stack) -> int:

@@ -11,6 +11,7 @@ they fail.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -118,6 +119,17 @@ async def processes(client: AgentClient) -> dict[int, str]:
     return {int(pid): cmd for pid, cmd in json.loads(reply.stdout).items()}
 
 
+async def settled_processes(
+    client: AgentClient, count: int, within_s: float = 10.0
+) -> dict[int, str]:
+    """The process table once it holds ``count`` processes: the zygote forks the spare
+    behind the lister asynchronously, so a loaded machine may list it a moment late."""
+    deadline = time.monotonic() + within_s
+    while len(found := await processes(client)) != count and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return found
+
+
 async def test_ping(client: AgentClient) -> None:
     reply = await client.ping()
     assert reply["ok"] is True and reply["version"] == 1
@@ -194,7 +206,7 @@ async def test_inside_peer_cannot_drive_the_agent(client: AgentClient) -> None:
 
 async def test_timeout_and_reset_kill_escaped_processes(client: AgentClient) -> None:
     agent_pid = (await client.ping())["pid"]
-    pids = await processes(client)
+    pids = await settled_processes(client, 4)
     # The agent, its zygote, the lister (a spare) and the spare waiting behind it.
     assert agent_pid == 1 and 1 in pids and len(pids) == 4, pids
     reply = await run(
@@ -214,7 +226,7 @@ async def test_timeout_and_reset_kill_escaped_processes(client: AgentClient) -> 
     assert [c for c in (await processes(client)).values() if c.startswith("sleep")]
     await run(client, language="bash", code="mkdir -p d/e && touch .dot d/e/f")
     assert await client.reset(timeout_s=10.0) >= 1
-    after = await processes(client)
+    after = await settled_processes(client, 4)
     assert len(after) == 4 and 1 in after, after
     assert (await run(client, argv=["ls", "-A"])).stdout == b""
 
