@@ -11,7 +11,18 @@ import os
 import sys
 from collections.abc import Sequence
 
-from services.cli import dlq, domains, ledger, messages, model, sandbox, stack, train
+from services.cli import (
+    dlq,
+    domains,
+    evaluate,
+    ledger,
+    messages,
+    model,
+    report,
+    sandbox,
+    stack,
+    train,
+)
 from services.cli.common import CliError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -35,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     domains.register(commands)
     model.register(commands)
     ledger.register(commands)
+    report.register(commands)
+    evaluate.register(commands)
     train.register(commands)
     return parser
 

@@ -31,6 +31,7 @@ from services.cli.stack_stats import LastStats
 from services.cli.train_view import Progress, heldout_line, plot, say, summary
 from services.evaluation.heldout import HeldoutSet
 from services.evaluation.runner import HeldoutRunner
+from services.evaluation.suite import tier_scalars
 from services.runtime.natsserver import NatsServerError
 from services.supervisor import StackSettings, Supervisor
 
@@ -275,6 +276,7 @@ async def _run_until_done(
         for result in runner.completed():
             say(heldout_line(result))
             scalars.add(result, result["version"], prefix="heldout")
+            scalars.add(tier_scalars(runner.tiers[result["version"]]), result["version"], "tiers")
         progress.update(steps, runner.results)
 
     next_eval = plan.eval_every or None

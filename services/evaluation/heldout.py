@@ -8,15 +8,17 @@ accuracy, sampled accuracy (mean over samples) and pass@k (the unbiased estimato
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from protocol.messages import SamplingParams, ScoredRollout, ScoreStatus, Task
 from services.domains import Domain, Problem
+from services.evaluation.intervals import pass_at_k
+from services.evaluation.tiers import Outcome, build_report
 
 #: Tier 0, served first: an evaluation measures a version before training moves it on.
 EVAL_TIER = 0
@@ -56,13 +58,6 @@ def _variant(task: Task, task_id: str, n: int, sampling: SamplingParams) -> Task
     return msgspec.structs.replace(task, id=task_id, n=n, sampling=sampling, tier=EVAL_TIER)
 
 
-def pass_at_k(n: int, correct: int, k: int) -> float:
-    """Chance that one of ``k`` samples drawn from ``n`` (``correct`` right) is right."""
-    if n - correct < k:
-        return 1.0 if correct else 0.0
-    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
-
-
 @dataclass(kw_only=True)
 class Evaluation:
     """The scored rollouts of one evaluation as they arrive."""
@@ -75,6 +70,8 @@ class Evaluation:
     sampled: dict[int, list[bool]] = field(default_factory=dict)
     versions: Counter[int] = field(default_factory=Counter)
     failed: int = 0
+    #: Every rollout received, for the tiered report (``services.evaluation.tiers``).
+    outcomes: list[Outcome] = field(default_factory=list)
 
     def expected(self) -> int:
         return len(self.heldout.problems) * (1 + self.samples)
@@ -90,6 +87,16 @@ class Evaluation:
         if not task_id.startswith(self.prefix + "-"):
             return
         index_text, kind = task_id[len(self.prefix) + 1 :].rsplit("-", 1)
+        domain = self.heldout.domain
+        outcome = Outcome.of(
+            scored,
+            family=family_of(domain),
+            problem=f"{domain.name}-{index_text}",
+            greedy=kind == "g",
+            pass_threshold=domain.pass_threshold,
+            multi_turn=is_multi_turn(domain),
+        )
+        self.outcomes.append(outcome)
         if scored.status is not ScoreStatus.SCORED:
             self.failed += 1
             return
@@ -122,6 +129,19 @@ class Evaluation:
             "failed": self.failed,
             "chance": self.heldout.chance,
         }
+
+    def tier_report(self, policy: str) -> dict[str, Any]:
+        """The unit, chain and system figures of this evaluation (``report.json``'s schema)."""
+        version = self.versions.most_common(1)[0][0] if self.versions else 0
+        return build_report(self.outcomes, k=self.samples, policy=policy, version=version)
+
+
+def is_multi_turn(domain: Domain) -> bool:
+    return domain.max_turns > 1 or bool(domain.tools)
+
+
+def family_of(domain: Domain) -> str:
+    return domain.kind or domain.name
 
 
 def _mean(values: list[bool]) -> float:

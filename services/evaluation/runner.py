@@ -2,8 +2,9 @@
 
 Each evaluation publishes every held-out problem as eval-tier tasks (one greedy sample,
 ``samples`` sampled ones), collects their scored rollouts from the bus, and once all are
-in appends one JSON line to ``heldout.jsonl``.  The replay buffer never trains on them
-(their tasks are of the eval split).
+in appends one JSON line to ``heldout.jsonl`` and writes the evaluation's unit, chain and
+system figures to ``tiers/v<version>.json`` beside it.  The replay buffer never trains on
+them (their tasks are of the eval split).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -36,6 +38,8 @@ class HeldoutRunner:
         self._pending: list[Evaluation] = []
         self._count = 0
         self.results: list[dict[str, Any]] = []
+        #: Tiered report by the version it measured.
+        self.tiers: dict[int, dict[str, Any]] = {}
 
     async def start(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +59,8 @@ class HeldoutRunner:
         self._pending.append(evaluation)
         js = self._nc.jetstream()
         for task in self.heldout.tasks(prefix, self.samples):
+            # Stamped at submission: the tiered report's latency runs from here to scoring.
+            task = msgspec.structs.replace(task, created_at=time.time())
             subject = subjects.task(task.tier, task.domain)
             await js.publish(subject, encode(task), headers={"Nats-Msg-Id": task.id})
 
@@ -73,12 +79,21 @@ class HeldoutRunner:
         """Results of the evaluations finished since the last call, also written to the file."""
         done = [e for e in self._pending if e.done()]
         self._pending = [e for e in self._pending if not e.done()]
-        lines = [e.result() for e in done]
+        lines = [self._finish(e) for e in done]
         with self.out.open("a") as handle:
             for line in lines:
                 handle.write(json.dumps(line) + "\n")
         self.results.extend(lines)
         return lines
+
+    def _finish(self, evaluation: Evaluation) -> dict[str, Any]:
+        line = evaluation.result()
+        report = evaluation.tier_report(policy=f"v{line['version']}")
+        path = self.out.parent / "tiers" / f"v{line['version']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        self.tiers[int(line["version"])] = report
+        return {**line, "tiers_file": str(path)}
 
     async def drain(self, timeout_s: float) -> list[dict[str, Any]]:
         """Wait (bounded) for the pending evaluations; their results."""

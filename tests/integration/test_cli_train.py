@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +63,44 @@ async def test_train_learns_on_heldout_problems_and_shows_it(tmp_path: Path) -> 
     assert by_service["validator"]["count_validate"] > 0
     assert by_service["replay"]["count_hold"] > 0
     _all_gone(done.out)
+    _tier_reports_and_run_report(run_dir, lines)
+
+
+def _tier_reports_and_run_report(run_dir: Path, heldout: list[dict[str, Any]]) -> None:
+    """Each held-out evaluation also wrote its tiered report; ``temper report`` makes one
+    self-contained HTML page of the run, every section present and every image a PNG."""
+    from services.evaluation.report.build import SECTION_IDS
+    from tests.unit.test_report import check_png, parse, without_images
+
+    for line in heldout:
+        tiers = json.loads(Path(line["tiers_file"]).read_text())
+        figures = tiers["domains"]["arithmetic_sum3"]
+        assert tiers["version"] == line["version"]
+        # The held-out line leaves invalid answers out; the tiers count them wrong.
+        slack = line["failed"] / line["problems"] + 1e-9
+        assert abs(figures["unit"]["greedy"]["value"] - line["greedy_accuracy"]) <= slack
+        assert figures["system"]["latency_s"]["p95"] > 0
+    report = subprocess.run(
+        [sys.executable, "-m", "services", "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    text = (run_dir / "report.html").read_text()
+    page = parse(text)
+    assert set(SECTION_IDS) <= set(page.sections), page.sections
+    assert len(page.images) >= 4
+    for source in page.images:
+        check_png(source)
+    assert "http" not in without_images(text).replace("http-equiv", "")
+    markdown = subprocess.run(
+        [sys.executable, "-m", "services", "report", str(run_dir), "--markdown"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert markdown.returncode == 0 and "arithmetic_sum3" in markdown.stdout
 
 
 @pytest.mark.timeout(600)

@@ -32,6 +32,8 @@ COMMANDS = (
     "domains",
     "model",
     "ledger",
+    "report",
+    "eval",
     "train",
 )
 HEX_ID = re.compile(r"^[0-9a-f]{32}$")
