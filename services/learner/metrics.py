@@ -10,7 +10,7 @@ from typing import Any
 from services.learner.trainer import StepResult
 
 #: Keys of a metrics line that are not scalars to plot.
-_NOT_SCALARS = frozenset({"step", "version", "at", "reward_by_domain"})
+_NOT_SCALARS = frozenset({"step", "version", "at", "reward_by_domain", "staleness_counts"})
 
 
 def step_line(
@@ -27,6 +27,8 @@ def step_line(
         "reward_mean": result.reward_mean,
         "reward_by_domain": result.reward_by_domain,
         "staleness_mean": result.staleness_mean,
+        # JSON object keys are strings: versions behind -> samples.
+        "staleness_counts": {str(k): v for k, v in result.staleness_counts.items()},
         "dropped_stale": dropped_stale,
         "diversity": result.diversity,
         "completion_len": result.completion_len,

@@ -13,7 +13,7 @@ import math
 import shutil
 import statistics
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +123,9 @@ class StepResult:
     seconds: dict[str, float] = field(default_factory=dict)
     #: The learning rate the updates used.
     lr: float = 0.0
+    #: Versions behind the learner -> samples of the batch that lag by that many; the
+    #: mean alone hides a long tail of very stale samples.
+    staleness_counts: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -381,6 +384,7 @@ class Trainer:
             reward_mean=statistics.fmean(i.reward for i in counted) if counted else 0.0,
             reward_by_domain={d: statistics.fmean(r) for d, r in sorted(by_domain.items())},
             staleness_mean=statistics.fmean(stale) if stale else 0.0,
+            staleness_counts=dict(sorted(Counter(stale).items())),
             loss=_merge(parts),
             updates=len(parts),
             refused=refused,

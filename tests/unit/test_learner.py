@@ -3,6 +3,7 @@ update, exact resume, and published weights that the engine loads."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from services.learner.loss import (
     policy_loss,
     token_logprobs,
 )
+from services.learner.metrics import step_line
 from services.learner.trainer import Trainer, TrainerConfig
 from services.runtime.weights import directory_digest
 
@@ -284,11 +286,7 @@ def test_a_rollout_newer_than_the_learner_is_refused_as_negative_staleness(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     good = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]
-    future = _item("f", 0, [22, 23], 1.0, -7.0)
-    segments = [msgspec.structs.replace(future.rollout.segments[0], version=5)]
-    future = msgspec.structs.replace(
-        future, rollout=msgspec.structs.replace(future.rollout, segments=segments)
-    )
+    future = _sampled_at(_item("f", 0, [22, 23], 1.0, -7.0), 5)
     trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3))
     trainer.version = 4
     result = trainer.train([*good, future])
@@ -296,6 +294,29 @@ def test_a_rollout_newer_than_the_learner_is_refused_as_negative_staleness(
     assert (refusal.rollout_id, refusal.kind) == ("f/0", "negative_staleness")
     assert "5 > learner version 4" in refusal.reason
     assert result.staleness_mean >= 0
+
+
+def _sampled_at(item: ScoredRollout, version: int) -> ScoredRollout:
+    segments = [msgspec.structs.replace(item.rollout.segments[0], version=version)]
+    return msgspec.structs.replace(
+        item, rollout=msgspec.structs.replace(item.rollout, segments=segments)
+    )
+
+
+def test_staleness_counts_are_samples_per_version_behind(tiny_model: Path, tmp_path: Path) -> None:
+    versions = {("g", 0): 4, ("g", 1): 2, ("h", 0): 2, ("h", 1): 1, ("k", 0): 2}
+    batch = [
+        _sampled_at(_item(task, index, [22 + index, 23], float(index), -7.0), version)
+        for (task, index), version in versions.items()
+    ]
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3))
+    trainer.version = 4
+    result = trainer.train(batch)
+    assert result.staleness_counts == {0: 1, 2: 3, 3: 1}
+    assert sum(result.staleness_counts.values()) == result.samples == len(batch)
+    assert result.staleness_mean == pytest.approx(sum(4 - v for v in versions.values()) / 5)
+    line = json.loads(json.dumps(step_line(result, trainer.version, 0, {})))
+    assert line["staleness_counts"] == {"0": 1, "2": 3, "3": 1}
 
 
 def test_a_non_finite_loss_skips_the_update(tiny_model: Path, tmp_path: Path) -> None:

@@ -96,10 +96,14 @@ def tier_report(version: int | None, domains: dict[str, dict[str, Any]]) -> dict
     }
 
 
-def _metrics_line(step: int) -> dict[str, Any]:
+#: Samples per versions behind, by ``step % 3``: each matches its ``staleness_mean``.
+_STALENESS_COUNTS = ({"0": 256}, {"1": 256}, {"1": 128, "3": 128})
+
+
+def _metrics_line(step: int, counts: bool = True) -> dict[str, Any]:
     progress = step / STEPS
     rewards = {HEALTHY: 0.2 + 0.3 * progress, HACKED: 0.1 + 0.6 * progress}
-    return {
+    line = {
         "step": step,
         "version": step,
         "samples": 256,
@@ -114,6 +118,9 @@ def _metrics_line(step: int) -> dict[str, Any]:
         "time_batch": 0.1,
         "at": 1_000_000.0 + 1.5 * step,
     }
+    if counts:
+        line["staleness_counts"] = _STALENESS_COUNTS[step % 3]
+    return line
 
 
 def _heldout_lines() -> list[dict[str, Any]]:
@@ -166,11 +173,12 @@ _STATS = {
 }
 
 
-def write_run(root: Path, *, tiers: bool = True) -> Path:
-    """A run directory as ``temper train`` leaves it, with a torn last metrics line."""
+def write_run(root: Path, *, tiers: bool = True, counts: bool = True) -> Path:
+    """A run directory as ``temper train`` leaves it, with a torn last metrics line;
+    ``counts`` False leaves out ``staleness_counts``, as older learners did."""
     (root / "learner").mkdir(parents=True)
     (root / "eval").mkdir()
-    lines = [json.dumps(_metrics_line(step)) for step in range(1, STEPS + 1)]
+    lines = [json.dumps(_metrics_line(step, counts)) for step in range(1, STEPS + 1)]
     (root / "learner" / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 31, "ver')
     heldout = "".join(json.dumps(line) + "\n" for line in _heldout_lines())
     (root / "eval" / "heldout.jsonl").write_text(heldout)
@@ -373,3 +381,63 @@ def test_torn_lines_and_bad_tier_reports_are_skipped(tmp_path: Path) -> None:
     assert {"eval/tiers/v99.json", "eval/tiers/v100.json"} <= set(data.skipped)
     assert data.missing == ()
     assert data.domains() == (HEALTHY, HACKED)
+
+
+def _markdown_section(run: Path, title: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["report", str(run), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else None]
+
+
+def test_staleness_is_a_histogram_over_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(tmp_path / "run")
+    assert load(run).steps[1].staleness_counts == {1: 128, 3: 128}
+    section = _markdown_section(run, "Staleness", capsys)
+    # 10 steps of each of the three counts: 2,560 + 3,840 + 1,280 samples.
+    assert "| versions behind | samples | share |" in section
+    assert "| 0 | 2,560 | 33.3% |" in section
+    assert "| 1 | 3,840 | 50.0% |" in section
+    assert "| 3 | 1,280 | 16.7% |" in section
+    assert "| 2 |" not in section
+    assert "Missing" not in section
+
+
+def test_staleness_without_counts_falls_back_to_step_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(tmp_path / "run", counts=False)
+    assert all(not step.staleness_counts for step in load(run).steps)
+    section = _markdown_section(run, "Staleness", capsys)
+    assert "> Missing: learner/metrics.jsonl has no staleness_counts" in section
+    assert "versions behind | samples" not in section
+    page = parse(report_html(run, capsys))
+    assert len(page.images) == 6
+    for source in page.images:
+        check_png(source)
+
+
+def test_bad_staleness_counts_keep_the_step_and_the_good_entries(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    bad = {"x": 3, "2": "many", "1": 5, "-1": 2, "3": True, "4": 1.5, "²": 7, " 5 ": 2}
+    lines = [
+        {**_metrics_line(1), "staleness_counts": bad},
+        {**_metrics_line(2), "staleness_counts": [1, 2]},
+    ]
+    (run / "learner" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    first, second = load(run).steps
+    assert first.staleness_counts == {1: 5, 5: 2}
+    assert second.staleness_counts == {}
+
+
+def test_heldout_change_headers_name_each_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    section = _markdown_section(write_run(tmp_path / "run"), "Summary", capsys)
+    assert (
+        "| domain | start version | start greedy | end version | end greedy | change | chance |"
+        in section
+    )

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from services.evaluation.report.run_data import Heldout, Step
+from services.evaluation.report.run_data import Heldout, Step, sample_staleness
 from services.evaluation.report.tier_reports import DomainTiers, Interval, TierReport
 
 _DPI = 100
@@ -222,25 +222,44 @@ def _version_points(
 
 
 def staleness(steps: Sequence[Step]) -> bytes | None:
+    """Per-step mean over steps, and a histogram: over samples when the steps carry
+    ``staleness_counts``, else over the per-step means (older metrics)."""
     points = [(s.step, v) for s in steps if (v := s.figure("staleness_mean")) is not None]
     if not points:
         return None
+    counts = sample_staleness(steps)
 
     def draw(axes: list[Any]) -> None:
         over, spread = axes
         over.plot([p[0] for p in points], [p[1] for p in points], lw=1.0, label="batch mean")
         _style(over, "Staleness per learner step", "learner step", "versions behind the learner")
-        values = [p[1] for p in points]
-        spread.hist(values, bins=_bins(values), color="tab:orange", edgecolor="black")
-        _style(
-            spread,
-            "Histogram of per-step mean staleness",
-            "versions behind",
-            "learner steps",
-            legend=False,
-        )
+        if counts:
+            _sample_histogram(spread, counts)
+        else:
+            _mean_histogram(spread, [p[1] for p in points])
 
     return render(draw, _WIDE, 2)
+
+
+def _sample_histogram(ax: Any, counts: Mapping[int, int]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    # A bar for every whole version up to the largest lag, so a gap shows as a gap.
+    behind = list(range(max(counts) + 1))
+    ax.bar(behind, [counts.get(b, 0) for b in behind], color="tab:orange", edgecolor="black")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _style(ax, "Samples by staleness (all steps)", "versions behind", "samples", legend=False)
+
+
+def _mean_histogram(ax: Any, values: Sequence[float]) -> None:
+    ax.hist(values, bins=_bins(values), color="tab:orange", edgecolor="black")
+    _style(
+        ax,
+        "Histogram of per-step mean staleness",
+        "versions behind",
+        "learner steps",
+        legend=False,
+    )
 
 
 def _bins(values: Sequence[float]) -> list[float]:

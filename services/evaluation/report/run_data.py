@@ -8,8 +8,9 @@ leaves its records empty and its name in ``RunData.missing``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,9 +34,20 @@ class Step:
     reward_mean: float
     reward_by_domain: Mapping[str, float]
     figures: Mapping[str, float]
+    #: Versions behind the learner -> samples of the step's batch (``staleness_counts``);
+    #: empty for metrics written before the learner recorded it.
+    staleness_counts: Mapping[int, int] = field(default_factory=dict)
 
     def figure(self, key: str) -> float | None:
         return self.figures.get(key)
+
+
+def sample_staleness(steps: Iterable[Step]) -> dict[int, int]:
+    """Versions behind -> samples, over every step; empty when no step has counts."""
+    total: Counter[int] = Counter()
+    for step in steps:
+        total.update(step.staleness_counts)
+    return dict(sorted(total.items()))
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,28 @@ def _step(line: dict[str, Any]) -> Step:
         reward_mean=float(line["reward_mean"]),
         reward_by_domain={str(k): float(v) for k, v in line.get("reward_by_domain", {}).items()},
         figures=figures,
+        staleness_counts=_staleness_counts(line.get("staleness_counts")),
     )
+
+
+def _staleness_counts(raw: object) -> dict[int, int]:
+    """The counts a line holds; entries that are not ``"<versions>": <samples>`` are left out,
+    so one bad entry costs neither the step nor the rest of its counts."""
+    if not isinstance(raw, dict):
+        return {}
+    counts: dict[int, int] = {}
+    for key, value in raw.items():
+        behind = _whole(key)
+        samples = value if isinstance(value, int) and not isinstance(value, bool) else 0
+        if behind is not None and samples > 0:
+            counts[behind] = counts.get(behind, 0) + samples
+    return dict(sorted(counts.items()))
+
+
+def _whole(key: object) -> int | None:
+    text = str(key).strip()
+    # isdigit alone admits digits such as "²" that int() refuses.
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _heldout(line: dict[str, Any]) -> Heldout:

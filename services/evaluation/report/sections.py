@@ -17,7 +17,13 @@ from services.evaluation.report.document import (
     num,
     pct,
 )
-from services.evaluation.report.run_data import METRICS, Heldout, RunData, Step
+from services.evaluation.report.run_data import (
+    METRICS,
+    Heldout,
+    RunData,
+    Step,
+    sample_staleness,
+)
 from services.evaluation.report.tier_reports import TierReport
 from services.evaluation.watch import Review, thirds
 
@@ -86,7 +92,15 @@ def _heldout_change(points: Sequence[Heldout]) -> Table | None:
         )
     if not rows:
         return None
-    headers = ("domain", "start", "greedy", "end", "greedy", "change", "chance")
+    headers = (
+        "domain",
+        "start version",
+        "start greedy",
+        "end version",
+        "end greedy",
+        "change",
+        "chance",
+    )
     return Table(headers, tuple(rows), "Held-out greedy accuracy, start to end")
 
 
@@ -214,11 +228,25 @@ def staleness(run: RunData, draw: bool) -> Section:
         f"{statistics.fmean(values):.2f}, max {max(values):.2f}; samples dropped as too "
         f"stale: {dropped:,.0f}"
     )
+    counts = sample_staleness(run.steps)
+    if counts:
+        blocks.append(_staleness_table(counts))
+        return Section("staleness", "Staleness", tuple(blocks))
     missing = (
-        "the learner records one mean staleness per step (staleness_mean), not each "
-        "sample's: the histogram is over per-step means, not over samples",
+        f"{METRICS} has no staleness_counts (metrics from before the learner recorded "
+        "each sample's staleness): the histogram is over per-step means, not over samples",
     )
     return Section("staleness", "Staleness", tuple(blocks), missing)
+
+
+def _staleness_table(counts: dict[int, int]) -> Table:
+    total = sum(counts.values())
+    rows = tuple((str(behind), f"{n:,}", pct(n / total)) for behind, n in counts.items())
+    return Table(
+        ("versions behind", "samples", "share"),
+        rows,
+        "Samples the learner consumed, by staleness, all steps (staleness_counts)",
+    )
 
 
 # ---------------------------------------------------------------- throughput
