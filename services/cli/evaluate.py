@@ -92,7 +92,8 @@ def _evaluate(args: argparse.Namespace, policy: str, out: Path | None) -> dict[s
     _say(f"evaluating {model} on {', '.join(suite.sets)}: {suite.expected()} rollouts")
     stack = _stack(args, model, plan, out / "stack")
     elapsed_s = run(lambda: _run_suite(stack, suite, args.timeout_s))
-    report = {**suite.report(str(model)), "elapsed_s": elapsed_s}
+    version = int(policy) if policy.isdigit() else None
+    report = {**suite.report(str(model), version), "elapsed_s": elapsed_s}
     (out / _REPORT).write_text(json.dumps(report, indent=2) + "\n")
     for line in summary_lines(report):
         print(line)

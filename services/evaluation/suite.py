@@ -89,9 +89,12 @@ class EvalSuite:
         """The policy version most rollouts came from (``None`` before any arrived)."""
         return self.versions.most_common(1)[0][0] if self.versions else None
 
-    def report(self, policy: str, worst: int = 5) -> dict[str, Any]:
+    def report(self, policy: str, version: int | None = None, worst: int = 5) -> dict[str, Any]:
+        """The tiered report; ``version`` names the policy where the rollouts cannot (a
+        published version loaded as a model directory is version 0 to its generator)."""
+        served = self.version() if version is None else version
         report = build_report(
-            self.outcomes, k=self.plan.samples, policy=policy, version=self.version(), worst=worst
+            self.outcomes, k=self.plan.samples, policy=policy, version=served, worst=worst
         )
         report["expected_rollouts"] = self.expected()
         report["received_rollouts"] = len(self._seen)

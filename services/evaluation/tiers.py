@@ -215,7 +215,15 @@ def _pass_at_k_values(by_problem: Sequence[Sequence[bool]], k: int) -> list[floa
 
 def _problem_mean(values: Sequence[float]) -> Interval:
     # No problem measured: no claim at all, as a rate with no trials.
-    return bootstrap_mean(values) if values else wilson(0, 0)
+    if not values:
+        return wilson(0, 0)
+    interval = bootstrap_mean(values)
+    if interval.low == interval.high and interval.value in (0.0, 1.0):
+        # Every problem failed (or passed): resampling cannot vary, and [0%, 0%] would
+        # claim a certainty 20 problems do not give.  Wilson over problems does not.
+        bound = wilson(round(interval.value * len(values)), len(values))
+        return Interval(value=interval.value, low=bound.low, high=bound.high, n=len(values))
+    return interval
 
 
 def _rate(outcomes: Sequence[Outcome]) -> Interval:

@@ -420,3 +420,13 @@ def test_the_report_is_json_with_the_schema_keys() -> None:
     assert set(domain["system"]["cost_total"]) == set(domain["system"]["cost_per_task"])
     assert set(report["overall"]) == {"domains", "macro", "micro", "worst"}
     assert set(report["families"]) == {"arithmetic"}
+
+
+def test_a_problem_mean_with_no_spread_keeps_an_honest_interval() -> None:
+    from services.evaluation.tiers import _problem_mean
+
+    none_right = _problem_mean([0.0] * 20)
+    assert none_right.value == 0.0 and none_right.low == 0.0
+    assert none_right.high == pytest.approx(wilson(0, 20).high) and none_right.high > 0.1
+    all_right = _problem_mean([1.0] * 20)
+    assert all_right.high == 1.0 and all_right.low == pytest.approx(wilson(20, 20).low)
