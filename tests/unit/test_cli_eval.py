@@ -31,7 +31,7 @@ def test_a_version_no_longer_kept_lists_the_kept_ones(tmp_path: Path) -> None:
     run = tmp_path / "run"
     for version in (11, 12):
         _model(run / "learner" / "weights" / f"v{version}")
-    with pytest.raises(CliError, match="version 3 .*kept: v11, v12") as error:
+    with pytest.raises(CliError, match=r"version 3 .*kept: v11, v12") as error:
         resolve_policy("3", run)
     assert error.value.exit_code == 2
 
