@@ -465,6 +465,8 @@ class Heartbeat(Message, tag="heartbeat"):
     detail: str = ""
     #: The policy version the instance serves (generators); None for services without one.
     policy_version: NonNegInt | None = None
+    #: Its Prometheus endpoint, ``http://<host>:<port>/metrics``; empty when it serves none.
+    metrics_url: str = ""
 
 
 class Stats(Message, tag="stats"):
@@ -493,6 +495,8 @@ class ServiceStatus(Record):
     policy_version: NonNegInt | None = None
     #: Behind the newest announced policy version for longer than the control's bound.
     lagging: bool = False
+    #: From its heartbeat: its Prometheus endpoint, empty when it serves none.
+    metrics_url: str = ""
 
 
 class StreamStatus(Record):

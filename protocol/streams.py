@@ -6,7 +6,8 @@ can create the same streams from this table (or docs/protocol.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from protocol import subjects
@@ -28,7 +29,17 @@ class StreamSpec:
     duplicate_window_s: float = 600.0
     max_msgs_per_subject: int = -1
     max_bytes: int = -1
+    #: Copies kept on distinct servers of a cluster: 3 survives the loss of any one server.
+    #: A deployment setting (``TEMPER_STREAM_REPLICAS``), so the table keeps 1.
+    replicas: int = 1
     extra: dict[str, object] = field(default_factory=dict)
+
+
+def with_replicas(specs: Iterable[StreamSpec], replicas: int) -> tuple[StreamSpec, ...]:
+    """The same streams, each kept in ``replicas`` copies."""
+    if replicas < 1:
+        raise ValueError(f"a stream needs at least one replica, not {replicas}")
+    return tuple(replace(spec, replicas=replicas) for spec in specs)
 
 
 def task_stream_name(tier: int) -> str:

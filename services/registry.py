@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -50,6 +50,21 @@ BUILTIN: Mapping[str, ServiceEntry] = {
     "replay": ServiceEntry("replay", "services.replay.service:ReplayService"),
     "learner": ServiceEntry("learner", "services.learner.service:LearnerService"),
 }
+
+
+#: ``temper up``'s first ``/metrics`` port (see :func:`metrics_ports`).
+METRICS_PORT_BASE = 9460
+
+
+def metrics_ports(names: Iterable[str], base: int = METRICS_PORT_BASE) -> dict[str, int]:
+    """The ``/metrics`` port of each service: ``base`` plus its place among the built-in
+    services sorted by name (control, generator, learner, replay, sandbox, validator), then
+    the other registered ones sorted by name.  The place does not depend on which services
+    run, so one static scrape config fits every stack; ``base`` 0 gives each a free port.
+    """
+    builtin = sorted(BUILTIN)
+    order = [*builtin, *sorted(set(entries()) - set(builtin))]
+    return {name: base + order.index(name) if base else 0 for name in names}
 
 
 def entries() -> dict[str, ServiceEntry]:

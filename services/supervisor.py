@@ -1,8 +1,10 @@
 """The embedded stack: nats-server plus every registered service, each its own process.
 
-A crashed service is restarted with back-off, and so is a crashed nats-server: on the
-same port and store directory, so streams, stored messages and durable consumers are
-there again and the services (which reconnect by themselves) carry on.  On stop
+nats-server runs alone, or as a JetStream cluster of several servers whose streams are
+kept in several copies (``nats_cluster``, ``stream_replicas``).  A crashed service is
+restarted with back-off, and so is a crashed nats-server: on the same port and store
+directory, so streams, stored messages and durable consumers are there again and the
+services (which reconnect by themselves, to any server of a cluster) carry on.  On stop
 (Ctrl-C / SIGTERM) the services get SIGTERM first and drain, stragglers are killed
 after the grace period, and nats-server goes last.  Children run in their own
 sessions (so a terminal's Ctrl-C reaches only the supervisor, which keeps the order)
@@ -25,13 +27,17 @@ import nats
 import nats.errors
 
 from protocol import streams
+from protocol.servers import server_list
 from services.runtime.jetstream import ensure_streams
+from services.runtime.natscluster import NatsCluster, NatsClusterSettings
 from services.runtime.natsserver import NatsServer, NatsServerError, NatsServerSettings
 from services.runtime.procs import child_preexec
 
 Say = Callable[[str], None]
-#: The name nats-server goes by in what the supervisor says.
+#: The name nats-server goes by in what the supervisor says (each of a cluster: its own).
 NATS_SERVER = "nats-server"
+#: Copies of a stream beyond this add write latency and protect against nothing more here.
+MAX_DEFAULT_REPLICAS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +45,14 @@ class StackSettings:
     run_dir: Path = Path("run")
     nats_host: str = "127.0.0.1"
     nats_port: int = 4222
-    #: Use this NATS instead of starting one.
+    #: Use this NATS instead of starting one (several servers: comma-separated).
     nats_url: str | None = None
+    #: Servers of the embedded NATS: 1 runs one, 3 a JetStream cluster (``nats-1``...) on
+    #: ports ``nats_port...`` with routes on ``nats_route_port...`` (0: free ports).
+    nats_cluster: int = 1
+    nats_route_port: int = 6222
+    #: Copies of each stream; ``None``: one per embedded server up to 3, else 1.
+    stream_replicas: int | None = None
     services: tuple[str, ...] = ()
     restart_backoff_s: float = 1.0
     max_backoff_s: float = 30.0
@@ -51,6 +63,17 @@ class StackSettings:
     stop_first: tuple[str, ...] = ("learner",)
     #: Extra environment for every service (settings: ``TEMPER_<SERVICE>_<FIELD>``).
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Service -> its ``/metrics`` port (0: a free one); a service not named serves none
+    #: unless its own environment says otherwise.
+    metrics_ports: Mapping[str, int] = field(default_factory=dict)
+
+    def replicas(self) -> int:
+        """Copies of each stream: as set, else one per embedded server (at most 3)."""
+        if self.stream_replicas is not None:
+            return self.stream_replicas
+        if self.nats_url is not None:
+            return 1
+        return min(self.nats_cluster, MAX_DEFAULT_REPLICAS)
 
 
 @dataclass
@@ -81,8 +104,9 @@ class Supervisor:
     def __init__(self, settings: StackSettings, say: Say = print) -> None:
         self.settings = settings
         self._say = say
-        self._nats: NatsServer | None = None
-        self._server = Child(NATS_SERVER)
+        #: The embedded servers by name, and their restart records; empty with an external NATS.
+        self._nats: dict[str, NatsServer] = {}
+        self._nats_children: dict[str, Child] = {}
         self._children = {name: Child(name) for name in settings.services}
         self._stopping = False
         self.nats_url = settings.nats_url or ""
@@ -93,50 +117,93 @@ class Supervisor:
 
     @property
     def nats_pid(self) -> int | None:
-        """The running nats-server's pid (None with an external NATS)."""
-        return self._nats.pid if self._nats is not None else None
+        """The pid of the (first) embedded nats-server; None with an external NATS."""
+        return next((server.pid for server in self._nats.values()), None)
+
+    @property
+    def nats_servers(self) -> Mapping[str, NatsServer]:
+        """The embedded servers by name: ``nats-server`` alone, ``nats-1``... in a cluster."""
+        return self._nats
 
     @property
     def nats_server(self) -> Child:
-        """nats-server's record (restarts, back-off); meaningless with an external NATS."""
-        return self._server
+        """The (first) nats-server's record (restarts, back-off); blank with an external NATS."""
+        return next(iter(self._nats_children.values()), Child(NATS_SERVER))
+
+    def nats_record(self, name: str) -> Child:
+        """The restart record of the embedded server ``name``."""
+        return self._nats_children[name]
 
     async def start(self) -> None:
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / "logs").mkdir(exist_ok=True)
         if self.settings.nats_url is None:
-            self._nats = NatsServer(
+            self.nats_url = await self._start_nats()
+        await self._declare_streams()
+        for child in self._children.values():
+            await self._spawn(child)
+
+    async def _start_nats(self) -> str:
+        """Start the embedded server, or cluster; returns the URL (list) services get."""
+        if self.settings.nats_cluster > 1:
+            cluster = NatsCluster(self._cluster_settings())
+            servers = {server.settings.server_name: server for server in cluster.servers}
+            url = await cluster.start()
+        else:
+            server = NatsServer(
                 NatsServerSettings(
                     store_dir=self.settings.run_dir / "nats",
                     host=self.settings.nats_host,
                     port=self.settings.nats_port,
                 )
             )
+            servers = {NATS_SERVER: server}
             # Started from this thread on purpose: the kernel's parent-death signal is tied to the
             # thread that forked, and a pool thread may exit while nats-server should live on.
-            self.nats_url = self._nats.start()
-            self._server.started_at = time.monotonic()
-            self._say_nats_started()
-        await self._declare_streams()
-        for child in self._children.values():
-            await self._spawn(child)
+            url = server.start()
+        for name, server in servers.items():
+            self._nats[name] = server
+            self._nats_children[name] = Child(name, started_at=time.monotonic())
+            self._say_nats_started(name)
+        return url
 
-    def _say_nats_started(self) -> None:
-        assert self._nats is not None
-        self._say(f"{NATS_SERVER}  {self.nats_url}  (pid {self._nats.pid})")
+    def _cluster_settings(self) -> NatsClusterSettings:
+        return NatsClusterSettings.consecutive(
+            self.settings.run_dir / "nats-cluster",
+            self.settings.nats_cluster,
+            port=self.settings.nats_port,
+            route_port=self.settings.nats_route_port,
+            host=self.settings.nats_host,
+        )
+
+    def _say_nats_started(self, name: str) -> None:
+        server = self._nats[name]
+        self._say(f"{name:<12} {server.url}  (pid {server.pid})")
 
     async def _declare_streams(self) -> None:
-        nc = await nats.connect(self.nats_url, max_reconnect_attempts=0, allow_reconnect=False)
+        nc = await nats.connect(
+            server_list(self.nats_url), max_reconnect_attempts=0, allow_reconnect=False
+        )
         try:
-            await ensure_streams(nc.jetstream(), streams.ALL)
+            specs = streams.with_replicas(streams.ALL, self.settings.replicas())
+            await ensure_streams(nc.jetstream(), specs)
         finally:
             await nc.close()
 
     async def _spawn(self, child: Child) -> None:
         log_path = self.settings.run_dir / "logs" / f"{child.name}.log"
-        env = {**os.environ, **self.settings.env, "TEMPER_NATS_URL": self.nats_url}
+        env = {
+            **os.environ,
+            **self.settings.env,
+            "TEMPER_NATS_URL": self.nats_url,
+            # Services declare the streams too, and must ask for the copies the stack keeps.
+            "TEMPER_STREAM_REPLICAS": str(self.settings.replicas()),
+        }
         # A service must hand its work back before the supervisor's own grace runs out.
         env.setdefault("TEMPER_GRACE_S", f"{max(self.settings.stop_grace_s - 2.0, 0.1):g}")
+        port = self.settings.metrics_ports.get(child.name)
+        if port is not None:  # a port the user set for this service stays
+            env.setdefault(f"TEMPER_{child.name.upper()}_RUNTIME_METRICS_PORT", str(port))
         with log_path.open("ab") as log:
             child.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -160,8 +227,8 @@ class Supervisor:
             waits = {
                 asyncio.ensure_future(c.proc.wait()): c for c in self._children.values() if c.proc
             }
-            if self._nats is not None:
-                waits[asyncio.ensure_future(self._nats.exited())] = self._server
+            for name, server in self._nats.items():
+                waits[asyncio.ensure_future(server.exited())] = self._nats_children[name]
             stopper = asyncio.ensure_future(stop.wait())
             done, pending = await asyncio.wait(
                 [stopper, *waits], return_when=asyncio.FIRST_COMPLETED
@@ -171,8 +238,8 @@ class Supervisor:
             await asyncio.gather(*pending, return_exceptions=True)
             for task in done:
                 if task in waits and not stop.is_set():
-                    if waits[task] is self._server:
-                        await self._restart_nats(task.result(), stop)
+                    if waits[task].name in self._nats:
+                        await self._restart_nats(waits[task], task.result(), stop)
                     else:
                         await self._restart(waits[task], stop)
 
@@ -184,36 +251,37 @@ class Supervisor:
         if not await _stopped_within(stop, wait):
             await self._spawn(child)
 
-    async def _restart_nats(self, code: int, stop: asyncio.Event) -> None:
-        """Start nats-server again on its port and store, backing off as long as it fails.
+    async def _restart_nats(self, record: Child, code: int, stop: asyncio.Event) -> None:
+        """Start a nats-server again on its port and store, backing off as long as it fails.
 
         Same port: the services and clients reconnect to the URL they know.  Same store: the
-        streams come back with their messages and durable consumers.
+        streams come back with their messages and durable consumers.  A server of a cluster
+        rejoins it and catches up on what the others stored meanwhile.
         """
-        assert self._nats is not None
-        ran, wait = self._server.back_off(self.settings)
+        server = self._nats[record.name]
+        ran, wait = record.back_off(self.settings)
         why = f"exited with {code} after {ran:.1f}s"
         while True:
-            self._say(f"{NATS_SERVER:<12} {why}; restart in {wait:.1f}s")
+            self._say(f"{record.name:<12} {why}; restart in {wait:.1f}s")
             if await _stopped_within(stop, wait):
                 return
-            self._server.started_at = time.monotonic()
+            record.started_at = time.monotonic()
             try:
-                await self._nats.start_async()
+                await server.start_async()
                 break
             except (NatsServerError, OSError) as error:
                 why = f"did not start ({error})"
-                _, wait = self._server.back_off(self.settings)
-        self._say_nats_started()
-        await self._declare_streams_again()
+                _, wait = record.back_off(self.settings)
+        self._say_nats_started(record.name)
+        await self._declare_streams_again(record.name)
 
-    async def _declare_streams_again(self) -> None:
+    async def _declare_streams_again(self, name: str) -> None:
         """Streams live in the store and so survive; declared again in case it was lost."""
         try:
             await self._declare_streams()
         except (OSError, nats.errors.Error, TimeoutError) as error:
             self._say(
-                f"{NATS_SERVER:<12} streams not declared again ({error!r}); "
+                f"{name:<12} streams not declared again ({error!r}); "
                 "each service declares its own when it starts"
             )
 
@@ -230,9 +298,9 @@ class Supervisor:
                 names = ", ".join(c.name for c in running)
                 self._say(f"stopping {names} (grace {self.settings.stop_grace_s:.0f}s)")
                 await self._reap(running)
-        if self._nats is not None:
-            self._nats.stop()
-            self._say("nats-server stopped")
+        for name, server in self._nats.items():
+            server.stop()
+            self._say(f"{name} stopped")
 
     def _stop_waves(self) -> list[list[Child]]:
         """Services named in ``stop_first`` stop (and finish) before the rest: the learner's

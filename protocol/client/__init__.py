@@ -59,6 +59,7 @@ from protocol.messages import (
     StatusRequest,
     Task,
 )
+from protocol.servers import server_list
 
 _log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class TemperClient:
     ) -> TemperClient:
         """Connect to NATS at ``url``; raise :class:`StackUnavailable` if it cannot be reached.
 
+        ``url`` may name every server of a cluster, comma-separated: the client fails over.
+
         Once connected, a lost connection is tried again every ``reconnect_wait_s``; calls
         waiting on it give up with :class:`StackUnavailable` after ``reconnect_s``.
         """
@@ -131,7 +134,7 @@ class TemperClient:
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    url,
+                    server_list(url),
                     name=name,
                     connect_timeout=max(1, math.ceil(connect_timeout_s)),
                     error_cb=errors.callback,

@@ -14,6 +14,8 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from protocol.servers import NoServersGiven, server_list
+
 T = TypeVar("T")
 
 
@@ -48,7 +50,7 @@ async def connect(
     try:
         await asyncio.wait_for(
             nc.connect(
-                url,
+                server_list(url),
                 name=name,
                 connect_timeout=max(1, math.ceil(timeout_s)),
                 allow_reconnect=ride_through,
@@ -58,7 +60,7 @@ async def connect(
             ),
             timeout_s + 1,
         )
-    except (OSError, nats.errors.Error, TimeoutError) as error:
+    except (OSError, nats.errors.Error, TimeoutError, NoServersGiven) as error:
         with contextlib.suppress(nats.errors.Error, AssertionError):
             await nc.close()  # nats-py asserts if connect never got far enough
         cause = str(error) or type(error).__name__

@@ -34,6 +34,23 @@ def register(commands: Any) -> None:
     )
     up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server")
     up.add_argument(
+        "--nats-cluster",
+        type=_count,
+        default=1,
+        metavar="N",
+        help="run N nats-servers as one JetStream cluster, on ports from --nats-port "
+        "(3 survives the loss of any one)",
+    )
+    up.add_argument(
+        "--nats-route-port", type=int, default=6222, help="route port of the first cluster server"
+    )
+    up.add_argument(
+        "--stream-replicas",
+        type=_count,
+        metavar="N",
+        help="copies of each stream (default: one per cluster server, at most 3)",
+    )
+    up.add_argument(
         "--external-nats", action="store_true", help="use --nats-url instead of starting one"
     )
     up.add_argument(
@@ -62,6 +79,15 @@ def register(commands: Any) -> None:
         metavar="URL",
         help="SGLang server for --engine sglang (repeatable: turns stick to one server)",
     )
+    up.add_argument(
+        "--metrics-port-base",
+        type=int,
+        default=registry.METRICS_PORT_BASE,
+        metavar="PORT",
+        help="/metrics of each service on 127.0.0.1, port PORT + its place: control, "
+        "generator, learner, replay, sandbox, validator (default: %(default)s; 0: free ports)",
+    )
+    up.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
     up.set_defaults(run=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
@@ -89,18 +115,41 @@ def cmd_up(args: argparse.Namespace) -> int:
             registry.lookup(name)
         except registry.UnknownService as error:
             raise CliError(str(error), 2) from None
+    copies, servers = args.stream_replicas or 1, args.nats_cluster
+    if copies > servers and not args.external_nats:
+        raise CliError(f"--stream-replicas {copies} needs as many servers: --nats-cluster", 2)
     settings = StackSettings(
         run_dir=args.run_dir,
         nats_port=args.nats_port,
         nats_url=args.nats_url if args.external_nats else None,
+        nats_cluster=args.nats_cluster,
+        nats_route_port=args.nats_route_port,
+        stream_replicas=args.stream_replicas,
         services=names,
         stop_grace_s=args.grace,
         env=policy_env(args, names),
+        metrics_ports=metrics_ports(args, names),
     )
     try:
         return run(lambda: _up(settings))
     except NatsServerError as error:
         raise CliError(str(error)) from None
+
+
+def metrics_ports(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, int]:
+    if args.no_metrics:
+        return {}
+    ports = registry.metrics_ports(names, args.metrics_port_base)
+    if not all(0 <= port <= 65535 for port in ports.values()):
+        raise CliError(f"--metrics-port-base {args.metrics_port_base}: ports out of range", 2)
+    return ports
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, not {value}")
+    return value
 
 
 def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, str]:
@@ -156,7 +205,8 @@ async def _report_health(
             for name in sorted(pending):
                 beat = await _health(nc, name, 0.5)
                 if beat is not None and beat.healthy:
-                    _say(f"{name:<12} healthy")
+                    metrics = f", metrics {beat.metrics_url}" if beat.metrics_url else ""
+                    _say(f"{name:<12} healthy{metrics}")
                     pending.discard(name)
             await asyncio.sleep(0.2)
         for name in sorted(pending):
@@ -228,7 +278,8 @@ async def _status_without_control(client: TemperClient, timeout_s: float) -> int
     print("NATS         reachable; no control service answered (is `control` running?)")
     for beat in sorted(beats, key=lambda b: (b.service, b.instance)):
         health = "healthy" if beat.healthy else "UNHEALTHY"
-        print(f"{beat.service:<12} {beat.instance:<24} {beat.state.value:<9} {health}")
+        line = f"{beat.service:<12} {beat.instance:<24} {beat.state.value:<9} {health:<10}"
+        print(f"{line} {beat.metrics_url}".rstrip())
     return 1
 
 

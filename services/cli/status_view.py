@@ -2,7 +2,8 @@
 
 An instance silent past the control service's bound reads ``gone`` (its last state is
 no longer news); a generator shows the policy version it serves, and ``lagging`` when
-it stayed behind the newest announced one too long.
+it stayed behind the newest announced one too long.  ``METRICS`` is the instance's
+Prometheus endpoint (``-`` when it serves none).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ def status_lines(url: str, status: StackStatus) -> list[str]:
     lines = [
         f"NATS         {url}  ok",
         f"{'SERVICE':<12} {'INSTANCE':<24} {'STATE':<9} {'HEALTH':<10} {'POLICY':<14} "
-        f"{'IN-FLIGHT':>9}  {'LAST SEEN':>9}",
+        f"{'IN-FLIGHT':>9}  {'LAST SEEN':>9}  METRICS",
     ]
     lines.extend(_instance_line(s) for s in status.services)
     lines.append(f"{'STREAM':<20} {'MESSAGES':>9} {'BYTES':>12} {'CONSUMERS':>9} {'PENDING':>8}")
@@ -37,9 +38,9 @@ def _instance_line(s: ServiceStatus) -> str:
     health = "-" if s.gone else ("healthy" if s.healthy else "UNHEALTHY")
     line = (
         f"{s.service:<12} {s.instance:<24} {state:<9} {health:<10} {_policy(s):<14} "
-        f"{s.in_flight:>9}  {s.age_s:>8.1f}s"
+        f"{s.in_flight:>9}  {s.age_s:>8.1f}s  {s.metrics_url or '-':<30}"
     )
-    return line + (f"  {s.detail}" if s.detail else "")
+    return (line + (f"  {s.detail}" if s.detail else "")).rstrip()
 
 
 def _policy(s: ServiceStatus) -> str:

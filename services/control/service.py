@@ -118,6 +118,7 @@ class Roster:
             gone=age_s > self.settings.gone_after_s,
             policy_version=beat.policy_version,
             lagging=self._lagging(beat.policy_version, now),
+            metrics_url=beat.metrics_url,
         )
 
     def _lagging(self, version: int | None, now: float) -> bool:

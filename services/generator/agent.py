@@ -202,7 +202,9 @@ class AgentLoop:
     async def _next_turn(self, task: Task, index: int, trajectory: Trajectory, budget: int) -> None:
         ids = trajectory.prompt + trajectory.completion
         room = budget - len(ids)
-        result = await self._generate(task, ids, 1, rollout_id(task.id, index), room, index + 1)
+        # Routed by the task, as turn 1 was: the server that prefilled the group's prompt
+        # holds this sample's earlier turns in its prefix cache.
+        result = await self._generate(task, ids, 1, task.id, room, index + 1)
         trajectory.generate_s += result.elapsed_s
         trajectory.add_generated(result.samples[0])
 

@@ -52,7 +52,8 @@ class GenerateRequest:
     sampling: Sampling = field(default_factory=Sampling)
     #: Samples of the same prompt (a GRPO group), decoded together where the engine can.
     n: int = 1
-    #: Stable id of the trajectory: every turn of one trajectory goes to the same server.
+    #: Routing key: requests with the same key go to the same server, whose prefix cache
+    #: holds what they share.  The agent loop uses the task id for every turn of every sample.
     trajectory_id: str = ""
 
 

@@ -11,10 +11,10 @@
   never enter).  The learner's importance ratio needs the raw one, so servers must run
   with it (``SGLangServer`` sets it) and ``start()`` checks each server by asking the
   logprob of one token at two temperatures: equal means raw.
-- Routing: every turn of one trajectory goes to the server that served its first turn
-  (sticky, a bounded LRU map), so SGLang's radix cache holds its prefix; new trajectories
-  and those whose server failed go to the healthy server with the fewest requests in
-  flight.
+- Routing: every request with the same ``trajectory_id`` (the agent loop sends the task
+  id with every turn of every sample) goes to the server that served the first (sticky,
+  a bounded LRU map), so SGLang's radix cache holds its prefix; new keys and those whose
+  server failed go to the healthy server with the fewest requests in flight.
 - Weight update, per server, is a transaction: ``/pause_generation`` (``retract``: running
   requests go back to the queue and continue under the new weights) -> update (from a
   directory with ``/update_weights_from_disk``, or received by a torch.distributed

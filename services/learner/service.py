@@ -54,6 +54,10 @@ from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
 from services.runtime.stages import Stages
 
+#: How long an announcement is tried again while the policy stream does not answer
+#: (several leader elections of a NATS cluster) before the learner gives up.
+ANNOUNCE_PATIENCE_S = 60.0
+
 _BATCH_REPLY: Codec[Batch | ErrorReply] = Codec(Batch | ErrorReply)
 _COMMIT_REPLY: Codec[CommitReply | ErrorReply] = Codec(CommitReply | ErrorReply)
 
@@ -496,10 +500,25 @@ class LearnerService(Service):
             trained_samples=trainer.consumed,
         )
         msg_id = f"policy-{exported.version}-{exported.digest}-{trainer.consumed}"
-        await self.bus.publish(subjects.policy_update(), update, msg_id=msg_id)
+        await self._publish_patiently(subjects.policy_update(), update, msg_id)
         self._exported = exported
         self.acks.announced(exported.version)
         self.log.info("policy_published", version=exported.version, step=self.trainer.step)
+
+    async def _publish_patiently(self, subject: str, update: PolicyUpdate, msg_id: str) -> None:
+        """Publish, again while the stream does not answer: a NATS cluster electing a new
+        stream leader (4-9 s) must not end the learner.  The msg id makes a repeat of a
+        publication that was stored after all a no-op."""
+        deadline = time.monotonic() + ANNOUNCE_PATIENCE_S
+        while True:
+            try:
+                await self.bus.publish(subject, update, msg_id=msg_id)
+                return
+            except (nats.errors.Error, TimeoutError) as error:
+                if time.monotonic() > deadline:
+                    raise
+                self.log.warning("policy_publish_retry", version=update.version, error=repr(error))
+                await asyncio.sleep(0.5)
 
     async def teardown(self) -> None:
         if self._current is not None:
@@ -545,6 +564,9 @@ class LearnerService(Service):
         if last is not None:
             values["reward_mean"] = last.reward_mean
             values["staleness_mean"] = last.staleness_mean
+            # The trainer's stages of the step (rows, no-grad passes, updates), not the wait
+            # for the batch nor the publish.
+            values["step_s"] = sum(last.seconds.values())
             values["clip_fraction"] = last.loss.clip_fraction
             values["approx_kl"] = last.loss.approx_kl
             values["entropy"] = last.loss.entropy

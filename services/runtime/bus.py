@@ -23,6 +23,7 @@ from protocol import headers as h
 from protocol.codec import check_size, encode
 from protocol.errors import PayloadTooLarge
 from protocol.messages import PROTOCOL_VERSION, Message
+from protocol.servers import server_list
 from services.runtime.logs import get_logger
 
 _VERSION = str(PROTOCOL_VERSION)
@@ -37,6 +38,7 @@ _LINE_BREAKS = str.maketrans({"\r": " ", "\n": " "})
 
 @dataclass(frozen=True, kw_only=True)
 class ConnectOptions:
+    #: One server, or several comma-separated.
     url: str
     name: str
     connect_timeout_s: float = 5.0
@@ -135,7 +137,7 @@ class Bus:
             reconnects.note()
 
         nc = await nats.connect(
-            options.url,
+            server_list(options.url),
             name=options.name,
             connect_timeout=options.connect_timeout_s,
             reconnect_time_wait=options.reconnect_wait_s,

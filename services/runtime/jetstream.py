@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
@@ -26,20 +26,30 @@ def stream_config(spec: StreamSpec) -> api.StreamConfig:
         max_msgs_per_subject=spec.max_msgs_per_subject,
         max_bytes=spec.max_bytes,
         allow_direct=True,
+        num_replicas=spec.replicas,
     )
 
 
 async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> api.StreamInfo:
     """Create the stream, or bring an existing one to this configuration.
 
-    Safe to call from every instance of every service at once.
+    Safe to call from every instance of every service at once.  A stream kept in more
+    copies than ``spec`` asks for keeps them: one process started without the cluster's
+    replica setting must not quietly take the stack's fault tolerance away.
     """
     config = stream_config(spec)
     try:
         return await js.add_stream(config)
     except BadRequestError:
         # Exists with another configuration (e.g. an older max_age): update in place.
-        return await js.update_stream(config)
+        return await js.update_stream(await _keeping_replicas(js, config))
+
+
+async def _keeping_replicas(js: JetStreamContext, config: api.StreamConfig) -> api.StreamConfig:
+    current = (await js.stream_info(config.name or "")).config.num_replicas or 1
+    if current > (config.num_replicas or 1):
+        return replace(config, num_replicas=current)
+    return config
 
 
 async def ensure_streams(js: JetStreamContext, specs: Iterable[StreamSpec]) -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 _LATENCY_BUCKETS = (
     *(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
@@ -68,9 +71,57 @@ class ServiceMetrics:
         )
         self.up.labels(service=service).set(0)
         self.service = service
+        #: The service's ``statistics()`` as gauges.  A registry of their own: those figures
+        #: include totals read from ``registry``, so a collector there would read itself.
+        self.figures = CollectorRegistry(auto_describe=False)
+
+    def export_figures(self, read: Callable[[], Mapping[str, float]]) -> None:
+        """Serve what ``read`` returns at each scrape as ``temper_<service>_<figure>`` gauges."""
+        self.figures.register(Figures(self.service, read))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(self.figures)
+
+
+#: The label of a dotted figure's middle part: every dotted figure is per domain today
+#: (the validator's ``domain.<name>.<field>``, the learner's ``reward.<domain>``).
+FIGURE_LABEL = "domain"
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+def figure_metric(service: str, key: str) -> tuple[str, dict[str, str]]:
+    """(metric name, labels) of one statistics figure.
+
+    ``held`` -> ``temper_<service>_held``; ``reward.<domain>`` ->
+    ``temper_<service>_reward{domain=...}``; ``domain.<name>.<field>`` ->
+    ``temper_<service>_domain_<field>{domain=...}``.
+    """
+    parts = key.split(".")
+    labels: dict[str, str] = {}
+    if len(parts) >= 2:
+        labels[FIGURE_LABEL] = ".".join(parts[1:-1] if len(parts) > 2 else parts[1:])
+        parts = [parts[0], parts[-1]] if len(parts) > 2 else parts[:1]
+    name = "_".join(["temper", service, *parts])
+    return _NOT_IN_A_NAME.sub("_", name), labels
+
+
+class Figures:
+    """A collector that reads the figures when the registry is read (no copy kept)."""
+
+    def __init__(self, service: str, read: Callable[[], Mapping[str, float]]) -> None:
+        self._service = service
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for key, value in sorted(self._read().items()):
+            name, labels = figure_metric(self._service, key)
+            family = families.get(name)
+            if family is None:
+                help_text = f"{self._service} statistics figure {key.split('.')[0]}"
+                family = families[name] = Metric(name, help_text, "gauge")
+            family.add_sample(name, labels, float(value))
+        yield from families.values()
 
 
 class MetricsServer:

@@ -34,6 +34,17 @@ class NatsServerError(RuntimeError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClusterRoutes:
+    """A server's place in a cluster: the cluster's name, its route port, every route."""
+
+    name: str
+    #: Route port of this server: fixed, as every other server names it in its routes.
+    port: int
+    #: Route URLs of every server of the cluster (its own is recognised and skipped).
+    routes: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class NatsServerSettings:
     store_dir: Path
     host: str = "127.0.0.1"
@@ -46,6 +57,8 @@ class NatsServerSettings:
     stop_grace_s: float = 10.0
     binary: str | None = None
     server_name: str = "temper"
+    #: ``None`` runs a server alone; JetStream then keeps one copy of each stream.
+    cluster: ClusterRoutes | None = None
 
 
 def find_binary(explicit: str | None = None) -> str:
@@ -73,7 +86,20 @@ def _config(settings: NatsServerSettings, ports_dir: Path) -> str:
     ]
     if settings.monitor_port is not None:
         lines.append(f'http: "{settings.host}:{settings.monitor_port}"')
+    if settings.cluster is not None:
+        lines.append(_cluster_block(settings.host, settings.cluster))
     return "\n".join(lines) + "\n"
+
+
+def _cluster_block(host: str, cluster: ClusterRoutes) -> str:
+    routes = ", ".join(f'"{route}"' for route in cluster.routes)
+    return (
+        "cluster {\n"
+        f'  name: "{cluster.name}"\n'
+        f'  listen: "{host}:{cluster.port}"\n'
+        f"  routes: [{routes}]\n"
+        "}"
+    )
 
 
 class NatsServer:

@@ -68,6 +68,7 @@ class Service:
         self.runtime = runtime
         self.instance = runtime.instance_id()
         self.metrics = ServiceMetrics(self.name)
+        self.metrics.export_figures(self._exported_figures)
         self.stopped = asyncio.Event()
         #: Set when a task of the service failed; the entry point then stops it and exits non-zero.
         self.crashed = asyncio.Event()
@@ -126,6 +127,16 @@ class Service:
         values = {"in_flight": float(self.in_flight), "uptime_s": time.time() - self.started_at}
         values.update(_counter_totals(self.metrics))
         return values
+
+    def _exported_figures(self) -> dict[str, float]:
+        """``statistics()`` for ``/metrics``, less the counter totals Prometheus has already."""
+        try:
+            values = self.statistics()
+        except Exception as error:  # a scrape mid-shutdown still gets the runtime's metrics
+            self.log.warning("statistics_failed", error=repr(error))
+            return {}
+        counted = _counter_totals(self.metrics)
+        return {key: value for key, value in values.items() if key not in counted}
 
     # ------------------------------------------------------------------ declarations
 
@@ -231,7 +242,9 @@ class Service:
         self.started_at = time.time()
         self._bus = await Bus.connect(self._connect_options())
         self._dead = DeadLetters(self._bus, self.name, self.instance, self.metrics)
-        await ensure_streams(self._bus.js, self.streams)
+        await ensure_streams(
+            self._bus.js, streams.with_replicas(self.streams, self.runtime.stream_replicas)
+        )
         await self.setup()
         self._control = [
             self._responder(
@@ -268,17 +281,36 @@ class Service:
         )
 
     async def _start_metrics(self) -> None:
-        if self.runtime.metrics_port is None:
+        host, port = self.runtime.metrics_host, self.runtime.metrics_port
+        if port is None:
             return
-        self._metrics_server = MetricsServer(
-            self.metrics, self.runtime.metrics_host, self.runtime.metrics_port
-        )
-        await self._metrics_server.start()
-        self.log.info("metrics_listening", port=self._metrics_server.port)
+        server = MetricsServer(self.metrics, host, port)
+        try:
+            await server.start()
+        except OSError as error:
+            # Metrics are not worth the work: a busy port (a second stack on this machine)
+            # leaves this instance without them, and its heartbeat says so.
+            self.log.warning("metrics_unavailable", host=host, port=port, error=str(error))
+            return
+        self._metrics_server = server
+        self.log.info("metrics_listening", url=self.metrics_url)
 
     @property
     def metrics_port(self) -> int | None:
         return self._metrics_server.port if self._metrics_server else None
+
+    @property
+    def metrics_url(self) -> str:
+        """Where ``/metrics`` is served; empty when it is not."""
+        port = self.metrics_port
+        if port is None:
+            return ""
+        host = self.runtime.metrics_host
+        if host in ("", "0.0.0.0", "::"):  # every interface: this host's name reaches it
+            host = socket.gethostname()
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}/metrics"
 
     async def _run(self) -> None:
         try:
@@ -389,6 +421,7 @@ class Service:
             in_flight=self.in_flight,
             detail=detail,
             policy_version=self.served_policy_version(),
+            metrics_url=self.metrics_url,
         )
 
     async def _heartbeat_reply(self, _: None, request: Request) -> Message | None:

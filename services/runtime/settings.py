@@ -23,7 +23,10 @@ T = TypeVar("T")
 class RuntimeSettings:
     """What every service needs to be a service: the bus, its identity, its timings."""
 
+    #: One server, or every server of a cluster comma-separated (the client fails over).
     nats_url: str = "nats://127.0.0.1:4222"
+    #: Copies of each stream this service declares: 3 on a three-server cluster.
+    stream_replicas: int = 1
     #: Distinguishes processes of one service; empty means ``<host>-<pid>``.
     instance: str = ""
     #: On stop, in-flight work gets this long to finish before it is handed back.

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats.errors
@@ -105,8 +107,9 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    run_dir: Path, env: dict[str, str], services: tuple[str, ...] = SERVICES
+    run_dir: Path, env: dict[str, str], services: tuple[str, ...] = SERVICES, **overrides: Any
 ) -> AsyncIterator[Stack]:
+    """The stack on a free port; ``overrides`` replace fields of its StackSettings."""
     settings = StackSettings(
         run_dir=run_dir,
         nats_port=free_port(),
@@ -116,6 +119,7 @@ async def running_stack(
         stop_grace_s=30.0,
         env=env,
     )
+    settings = dataclasses.replace(settings, **overrides)
     stack = Stack(settings)
     try:
         await stack.start()
@@ -126,17 +130,22 @@ async def running_stack(
 
 @contextlib.asynccontextmanager
 async def connected(url: str, timeout_s: float = 60.0) -> AsyncIterator[NATS]:
-    """A test client that waits for a restarting nats-server instead of failing at once."""
+    """A test client that waits for a restarting nats-server instead of failing at once.
+
+    Only connecting is tried again: what the caller's block raises (a timeout is an
+    ``OSError`` too) goes to the caller.
+    """
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            async with client(url) as nc:
-                yield nc
-                return
-        except (OSError, nats.errors.NoServersError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
+    async with contextlib.AsyncExitStack() as held:
+        while True:
+            try:
+                nc = await held.enter_async_context(client(url))
+                break
+            except (OSError, nats.errors.NoServersError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
+        yield nc
 
 
 def make_tasks(count: int, seed: int, max_tokens: int = 12) -> list[Task]:

@@ -21,6 +21,7 @@ from nats.js import JetStreamContext, api
 from protocol import streams, subjects
 from protocol.codec import ANY, Codec
 from protocol.messages import ChatMessage, Message, Task
+from protocol.servers import server_list
 from services.runtime import ConsumerSpec, ConsumerTuning, Delivery, RuntimeSettings, Service
 
 TIER: int = 1
@@ -144,9 +145,9 @@ def make_task(i: int | str) -> Task:
 
 @contextlib.asynccontextmanager
 async def client(url: str) -> AsyncIterator[NATS]:
-    """A plain nats-py connection, as a test's own client."""
+    """A plain nats-py connection, as a test's own client (``url``: one server or several)."""
     nc = await nats.connect(
-        url, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.1
+        server_list(url), connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.1
     )
     try:
         yield nc

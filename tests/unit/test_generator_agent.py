@@ -25,7 +25,7 @@ from services.generator.engine import (
     InvalidRequestError,
     Sample,
 )
-from services.generator.tools import LocalTools, ToolInfraError, parse_tool_call
+from services.generator.tools import LocalTools, ToolInfraError, ToolSession, parse_tool_call
 from services.model.tokens import ChatTokenizer
 
 
@@ -120,6 +120,33 @@ async def test_tool_turns_append_ids_without_retokenizing(tokenizer: ChatTokeniz
     assert rollout.tool_calls[0].name == "add" and rollout.tool_calls[0].output == "5"
     assert rollout.finish_reason is FinishReason.STOP
     assert "<answer>5</answer>" in rollout.completion_text
+
+
+class RecordingTools(LocalTools):
+    """LocalTools that remember which id each tool session was opened for."""
+
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+
+    async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession:
+        self.opened.append(trajectory_id)
+        return await super().open(trajectory_id, allowed)
+
+
+async def test_every_turn_of_every_sample_routes_by_the_task_id(tokenizer: ChatTokenizer) -> None:
+    call = _call(tokenizer, {"name": "echo", "arguments": {"x": 1}})
+    engine = ScriptedEngine([call] * 6)
+    tools = RecordingTools()
+    rollouts = await AgentLoop(engine, tokenizer, tools).run(
+        _task(tools=["echo"], max_turns=3, n=2)
+    )
+    assert [r.finish_reason for r in rollouts] == [FinishReason.MAX_TURNS] * 2
+    # Turn 1 (both samples at once), then turns 2 and 3 of each sample.
+    assert [r.n for r in engine.requests] == [2, 1, 1, 1, 1]
+    # One server holds the group's prompt and each sample's later turns extend it.
+    assert {r.trajectory_id for r in engine.requests} == {"t1"}
+    # Tool state stays private to each sample.
+    assert sorted(tools.opened) == ["t1/0", "t1/1"]
 
 
 async def test_max_turns_stops_a_conversation_that_keeps_calling(tokenizer: ChatTokenizer) -> None:
