@@ -43,7 +43,7 @@ from services.runtime import (
     RuntimeSettings,
     Service,
 )
-from services.runtime.jetstream import ensure_consumer, ensure_streams
+from services.runtime.jetstream import ensure_consumer, ensure_stream, ensure_streams
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
 from services.runtime.pull import Puller
 from services.validator import ValidatorService, ValidatorSettings
@@ -195,7 +195,10 @@ async def validator_rate(url: str, messages: list[tuple[str, bytes]]) -> float:
             await asyncio.sleep(0.005)
         elapsed = time.perf_counter() - started
     await js.delete_consumer(STREAM, "bench-validator")
-    await js.purge_stream(streams.SCORED.name)  # the next round's ids must not be duplicates
+    # The next round's ids must not be duplicates: a purge keeps the stream's duplicate
+    # window, so the stream is made anew.
+    await js.delete_stream(streams.SCORED.name)
+    await ensure_stream(js, streams.SCORED)
     await nc.close()
     return len(messages) / elapsed
 

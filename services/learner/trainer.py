@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from services.learner.loss import (
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
 from services.runtime.weights import directory_digest
+
+if TYPE_CHECKING:
+    from services.learner.distributed import DataParallel
 
 _log = get_logger(component="trainer")
 
@@ -171,7 +174,14 @@ class NonFinite(ArithmeticError):
 
 
 class Trainer:
-    def __init__(self, model_dir: Path, out_dir: Path, config: TrainerConfig, device: str = "cpu"):
+    def __init__(
+        self,
+        model_dir: Path,
+        out_dir: Path,
+        config: TrainerConfig,
+        device: str = "cpu",
+        parallel: DataParallel | None = None,
+    ):
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(config.seed)
@@ -182,6 +192,10 @@ class Trainer:
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model: Any = model.to(self.device)
         self.model.train()
+        #: Under torchrun: this rank's share of the micro-batches and the gradient sum.
+        self._parallel = parallel
+        if parallel is not None:
+            parallel.prepare(self.model)
         self._limits = _ModelLimits.of(self.model)
         self._config_json: str = self.model.config.to_json_string()
         self.reference: Any = None
@@ -280,9 +294,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = int(part.rows.mask.sum().item()) or 1
         stats: list[LossStats] = []
-        for start in range(0, len(part.rows), self.config.micro_batch):
-            micro = slice(start, start + self.config.micro_batch)
+        for micro in self._micro_batches(len(part.rows)):
             stats.append(self._backward(part, micro, total))
+        if self._parallel is not None:
+            # Every rank leaves with the whole minibatch's gradient and statistics.
+            stats = self._parallel.reduce(self.model, stats)
         merged = _merge(stats)
         if not math.isfinite(merged.loss):
             raise NonFinite(f"loss is {merged.loss}")
@@ -291,6 +307,10 @@ class Trainer:
             raise NonFinite(f"gradient norm is {float(norm)}")
         self.optimizer.step()
         return merged
+
+    def _micro_batches(self, rows: int) -> list[slice]:
+        slices = _slices(rows, self.config.micro_batch)
+        return slices if self._parallel is None else self._parallel.share(slices)
 
     def _backward(self, part: _Part, micro: slice, total: int) -> LossStats:
         rows = part.rows
