@@ -10,21 +10,22 @@ import os
 import re
 import signal
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.client import TemperClient
 from protocol.messages import ChatMessage, StackStatus, Task
 from services import registry
+from tests.integration import test_supervisor
 from tests.integration.support import TaskService, runtime
 from tests.integration.test_cli_harness import temper
 from tests.integration.test_supervisor import Up, stack, wait_gone
 from tests.required import unavailable
 
+#: The stacks a test starts, killed at teardown (the fixture of the supervisor tests).
+ups = test_supervisor.ups
 PORTS = registry.metrics_ports(sorted(registry.BUILTIN))
 #: Figures each service has from the start (a learner's step figures come with a step).
 FIGURES = {
@@ -40,18 +41,6 @@ FIGURES = {
     "sandbox": ("temper_sandbox_executed",),
     "validator": ("temper_validator_published",),
 }
-
-
-@pytest.fixture
-async def ups() -> AsyncIterator[list[Up]]:
-    """The stack a test starts; at teardown whatever of it still runs is killed."""
-    started: list[Up] = []
-    try:
-        yield started
-    finally:
-        for up in started:
-            up.kill_everything()
-            await up.proc.wait()
 
 
 def port_in_use(port: int) -> bool:
