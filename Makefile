@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: venv sglang-venv run test test-unit test-integration bench lint fixtures schema clean
+.PHONY: venv sglang-venv run test test-unit test-integration compose-test bench lint fixtures schema clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,12 @@ test-unit: venv
 
 test-integration: venv
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# The compose stack with host networking, end to end (deploy/compose/test.py): the offline
+# image (cached), up, tasks until a policy update, two validators and two sandbox services,
+# then down leaving nothing.  tests/integration/test_compose.py runs the same under `make test`.
+compose-test: venv
+	$(BIN)/python deploy/compose/test.py
 
 bench: venv
 	@for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; echo; done
