@@ -1,0 +1,152 @@
+"""Weighted fair share between domains, and flaky-domain quarantine (pure bookkeeping)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+import pytest
+
+from services.generator.fairshare import FairShare
+from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings
+
+
+def run(share: FairShare, queues: dict[str, int], starts: int) -> Counter[str]:
+    """Start ``starts`` tasks from queues of the given lengths; starts per key."""
+    left = dict(queues)
+    got: Counter[str] = Counter()
+    for _ in range(starts):
+        backlogged = [k for k, n in left.items() if n > 0]
+        key = share.pick(backlogged)
+        if key is None:
+            break
+        share.started(key, backlogged)
+        left[key] -= 1
+        got[key] += 1
+    return got
+
+
+def test_a_ten_to_one_flood_leaves_the_other_domain_its_half() -> None:
+    got = run(FairShare(), {"flood": 10_000, "quiet": 1_000}, starts=2_000)
+    assert got == {"flood": 1_000, "quiet": 1_000}
+
+
+def test_weights_set_the_shares() -> None:
+    got = run(FairShare({"a": 3.0, "b": 1.0}), {"a": 10_000, "b": 10_000}, starts=400)
+    assert got == {"a": 300, "b": 100}
+
+
+def test_min_share_lifts_a_tiny_weight_to_its_floor() -> None:
+    weights = {f"big{i}": 1.0 for i in range(9)} | {"tiny": 0.001}
+    queues = dict.fromkeys(weights, 10_000)
+    plain = run(FairShare(weights), queues, starts=1_000)
+    floored = run(FairShare(weights, min_share=0.05), queues, starts=1_000)
+    assert plain["tiny"] <= 1
+    # 5% of the backlogged keys' total weight (9.001): about 0.45 against 1 each.
+    assert 40 <= floored["tiny"] <= 60
+
+
+def test_an_idle_domain_rejoins_without_a_saved_up_burst() -> None:
+    share = FairShare()
+    run(share, {"busy": 10_000}, starts=500)
+    # "late" never ran: with its clock at 0 it would take the next 500 starts in a row.
+    got = run(share, {"busy": 10_000, "late": 10_000}, starts=100)
+    assert got == {"busy": 50, "late": 50}
+
+
+def test_weight_change_applies_to_the_next_starts() -> None:
+    share = FairShare()
+    run(share, {"a": 10_000, "b": 10_000}, starts=100)
+    share.set_weight("b", 4.0)
+    got = run(share, {"a": 10_000, "b": 10_000}, starts=100)
+    assert got == {"a": 20, "b": 80}
+    assert share.statistics().started == {"a": 70, "b": 130}
+
+
+def test_nothing_backlogged_picks_nothing_and_bad_weights_are_named() -> None:
+    assert FairShare().pick([]) is None
+    with pytest.raises(ValueError, match="weight of 'x' must be positive"):
+        FairShare({"x": 0.0})
+    with pytest.raises(ValueError, match="min_share"):
+        FairShare(min_share=1.0)
+
+
+# ---------------------------------------------------------------- quarantine
+
+SETTINGS = QuarantineSettings(
+    window_s=100.0, min_samples=10, threshold=0.5, probe_after_s=10.0, max_probe_after_s=30.0
+)
+
+
+def feed(q: Quarantine, domain: str, outcomes: str, start: float = 0.0) -> float:
+    """Record outcomes ('x' infra failure, '.' fine), one per second; the last time."""
+    now = start
+    for i, outcome in enumerate(outcomes):
+        now = start + i
+        q.record(domain, infra_failure=outcome == "x", now=now)
+    return now
+
+
+def test_a_failing_domain_is_held_and_the_others_are_not() -> None:
+    q = Quarantine(SETTINGS)
+    feed(q, "healthy", "x........." * 3)
+    now = feed(q, "broken", "x.x.x.x.xx")
+    assert q.state("broken") is DomainState.QUARANTINED
+    assert not q.allows("broken", now + 1)
+    assert q.state("healthy") is DomainState.ACTIVE and q.allows("healthy", now)
+    [held] = q.quarantined()
+    assert held.domain == "broken" and held.failure_rate == pytest.approx(0.6)
+
+
+def test_too_few_samples_or_old_failures_do_not_quarantine() -> None:
+    q = Quarantine(SETTINGS)
+    feed(q, "d", "xxxxxxxxx")  # 9 < min_samples
+    assert q.state("d") is DomainState.ACTIVE
+    # Those nine fall out of the window before the next ten, which are fine but one.
+    feed(q, "d", "x.........", start=200.0)
+    assert q.state("d") is DomainState.ACTIVE
+
+
+def test_a_successful_probe_resumes_the_domain() -> None:
+    q = Quarantine(SETTINGS)
+    now = feed(q, "d", "x" * 10)
+    assert not q.allows("d", now + 9)
+    assert q.allows("d", now + 10)  # the probe
+    assert q.state("d") is DomainState.PROBING
+    assert not q.allows("d", now + 10.5), "one probe at a time"
+    q.record("d", infra_failure=False, now=now + 12)
+    assert q.state("d") is DomainState.ACTIVE and q.allows("d", now + 12)
+
+
+def test_a_failed_or_lost_probe_backs_off() -> None:
+    q = Quarantine(SETTINGS)
+    now = feed(q, "d", "x" * 10)
+    assert q.allows("d", now + 10)
+    q.record("d", infra_failure=True, now=now + 11)
+    assert q.state("d") is DomainState.QUARANTINED
+    assert not q.allows("d", now + 11 + 19)
+    assert q.allows("d", now + 11 + 20)  # the wait doubled to 20 s
+    # This probe never reports: after its wait it counts as failed (wait capped at 30 s).
+    assert not q.allows("d", now + 31 + 19)
+    assert not q.allows("d", now + 31 + 20 + 29)
+    assert q.allows("d", now + 31 + 20 + 30)
+
+
+def test_an_operator_resume_lifts_it_at_once() -> None:
+    q = Quarantine(SETTINGS)
+    now = feed(q, "d", "x" * 10)
+    assert q.resume("d") and not q.resume("d")
+    assert q.allows("d", now) and q.quarantined() == []
+
+
+def test_fair_share_skips_held_domains_and_keeps_serving_the_rest() -> None:
+    """The two together, as the intake will use them: held domains are not backlogged."""
+    share, q = FairShare(), Quarantine(SETTINGS)
+    now = feed(q, "broken", "x" * 10)
+    started: deque[str] = deque()
+    for _ in range(20):
+        backlogged = [d for d in ("broken", "fine") if q.allows(d, now)]
+        key = share.pick(backlogged)
+        assert key is not None
+        share.started(key, backlogged)
+        started.append(key)
+    assert set(started) == {"fine"}
