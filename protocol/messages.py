@@ -126,6 +126,11 @@ class Segment(Record):
     kind: Literal["gen", "tool"] = "gen"
     #: Policy version that generated the segment; ``None`` for tool output.
     version: int | None = None
+    #: The inference server that generated it (its URL); empty for tool output and for an
+    #: embedded engine.  Every turn of a task names one server when routing is sticky.
+    server: str = ""
+    #: Prompt tokens of this turn served from that server's prefix cache.
+    cached_tokens: NonNegInt = 0
 
 
 class ToolCall(Record):
@@ -247,6 +252,9 @@ class SandboxExec(Message, tag="sandbox_exec"):
     #: Files written into the work directory before running: relative path -> content.
     files: dict[str, bytes] = {}
     limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
+    #: Work-directory files to send back once the run is over (e.g. the ``out.stl`` of
+    #: an ``openscad`` run), within ``limits.output_bytes`` together.
+    outputs: list[str] = []
 
     def __post_init__(self) -> None:
         if (self.code is None) == (self.command is None):
@@ -264,6 +272,9 @@ class SandboxResult(Message, tag="sandbox_result"):
     stderr_truncated: bool = False
     duration_s: NonNegFloat = 0.0
     error: str | None = None
+    #: The requested outputs that the run left as regular files and that fit; a missing
+    #: one is absent.
+    outputs: dict[str, bytes] = {}
 
 
 class SandboxOpen(Message, tag="sandbox_open"):
@@ -431,6 +442,55 @@ class PolicyUpdate(Message, tag="policy_update"):
     #: generators pace their admission by it.  Announced again, with the same version,
     #: after batches that changed no weight.
     trained_samples: NonNegInt = 0
+    #: With ``TORCH_DISTRIBUTED``: the same weights as a Hugging Face directory (digest
+    #: ``digest``), for engines that cannot receive a broadcast; empty when there is none.
+    path: str = ""
+
+
+class WeightTensor(Record):
+    """One tensor of a broadcast, in broadcast order."""
+
+    name: str
+    #: torch dtype without the ``torch.`` prefix (``float32``, ``bfloat16``, ...).
+    dtype: str
+    shape: list[NonNegInt]
+
+
+class WeightGroupOpen(Message, tag="weight_group_open"):
+    """A generator asks the learner to host a process group for its inference servers."""
+
+    #: The generator instance; a new request replaces the group it held before.
+    instance: str
+    #: Servers that join as ranks 1..servers (the learner is rank 0).
+    servers: PositiveInt
+
+
+class WeightGroup(Message, tag="weight_group"):
+    """Where the servers join the learner's process group (a TCP rendezvous)."""
+
+    group: str
+    master_address: str
+    master_port: Annotated[int, Meta(ge=1, le=65535)]
+    world_size: Annotated[int, Meta(ge=2)]
+    backend: str = "gloo"
+
+
+class WeightSend(Message, tag="weight_send"):
+    """A generator asks for ``version`` over ``group``; its servers receive it at once."""
+
+    group: str
+    version: NonNegInt
+
+
+class WeightSending(Message, tag="weight_sending"):
+    """The learner broadcasts these tensors over ``group`` now, in this order."""
+
+    group: str
+    #: The version sent: the one asked for, or a newer one already announced.
+    version: NonNegInt
+    #: The digest of the version's published directory (the announcement's).
+    digest: str
+    tensors: list[WeightTensor]
 
 
 class WeightSyncAck(Message, tag="weight_sync_ack"):
@@ -577,6 +637,42 @@ class DomainList(Message, tag="domain_list"):
     validator: str = ""
 
 
+class DomainControl(Message, tag="domain_control"):
+    """Ask every generator to change how it schedules one domain (``temper domain``);
+    an empty ``domain`` with nothing to change only asks for the schedules."""
+
+    domain: str = ""
+    #: Lift the domain's quarantine now.
+    resume: bool = False
+    #: The domain's new weight in the fair share of its tier, until the generator restarts
+    #: (the domain config's ``share_weight`` is the lasting one).
+    share_weight: float | None = None
+
+
+class DomainSchedule(Record):
+    """How one generator instance schedules one domain."""
+
+    domain: str
+    #: ``active``, ``quarantined`` or ``probing`` (quarantined, its probe task running).
+    state: str = "active"
+    share_weight: float = 1.0
+    #: Tasks this instance started since it started.
+    started: NonNegInt = 0
+    #: Tasks of the domain this instance is generating now.
+    in_flight: NonNegInt = 0
+    #: Infrastructure-failure share that quarantined it (0 when active).
+    failure_rate: float = 0.0
+
+
+class DomainSchedules(Message, tag="domain_schedules"):
+    """A generator instance's answer to a DomainControl."""
+
+    instance: str
+    #: The change asked for was made (a resume of a domain that was not held is not).
+    applied: bool = False
+    domains: list[DomainSchedule] = []
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -623,6 +719,10 @@ AnyMessage = (
     | CommitReply
     | PolicyUpdate
     | WeightSyncAck
+    | WeightGroupOpen
+    | WeightGroup
+    | WeightSend
+    | WeightSending
     | Heartbeat
     | Stats
     | StatusRequest
@@ -631,6 +731,8 @@ AnyMessage = (
     | ErrorReply
     | DomainsRequest
     | DomainList
+    | DomainControl
+    | DomainSchedules
 )
 
 #: Every tagged type of this version, by tag.

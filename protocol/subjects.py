@@ -98,6 +98,12 @@ def weight_ack(service: str) -> str:
     return f"{PREFIX}.policy.ack.{token(service, 'service')}"
 
 
+def policy_weights(instance: str) -> str:
+    """Request/reply to one learner instance: WeightGroupOpen -> WeightGroup, WeightSend ->
+    WeightSending (then the broadcast).  The ``uri`` of a ``torch_distributed`` PolicyUpdate."""
+    return f"{PREFIX}.policy.weights.{token(instance, 'instance')}"
+
+
 # Control
 def heartbeat(service: str) -> str:
     return f"{PREFIX}.control.heartbeat.{token(service, 'service')}"
@@ -129,6 +135,11 @@ def ping() -> str:
 def status() -> str:
     """Request/reply: the control service answers with a StackStatus."""
     return f"{PREFIX}.control.status"
+
+
+def domain_control() -> str:
+    """Request/reply: every generator instance answers a DomainControl with a DomainSchedules."""
+    return f"{PREFIX}.control.domain"
 
 
 # Errors

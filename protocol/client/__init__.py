@@ -49,7 +49,9 @@ from protocol.codec import Codec, check_size, encode
 from protocol.errors import DecodeError, RemoteError
 from protocol.messages import (
     PROTOCOL_VERSION,
+    DomainControl,
     DomainList,
+    DomainSchedules,
     DomainsRequest,
     ErrorReply,
     Heartbeat,
@@ -68,6 +70,7 @@ _SCORED: Final[Codec[ScoredRollout]] = Codec(ScoredRollout)
 _HEARTBEAT: Final[Codec[Heartbeat]] = Codec(Heartbeat)
 _STATUS_REPLY: Final[Codec[StackStatus | ErrorReply]] = Codec(StackStatus | ErrorReply)
 _DOMAINS_REPLY: Final[Codec[DomainList | ErrorReply]] = Codec(DomainList | ErrorReply)
+_SCHEDULES: Final[Codec[DomainSchedules]] = Codec(DomainSchedules)
 R = TypeVar("R", bound=Message)
 
 #: Bounds nats-py's forced flush of a large publish; unset, it can wait forever on a dead socket.
@@ -374,20 +377,34 @@ class TemperClient:
 
     async def ping(self, *, timeout_s: float = 0.5) -> list[Heartbeat]:
         """Ask every service instance for a Heartbeat; return those that answer in ``timeout_s``."""
+        return await self._gather(subjects.ping(), b"", _HEARTBEAT, timeout_s)
+
+    async def domain_control(
+        self, request: DomainControl | None = None, *, timeout_s: float = 1.0
+    ) -> list[DomainSchedules]:
+        """Send a DomainControl to every generator (none: only ask); their answers within
+        ``timeout_s``, one per instance."""
+        body = encode(request or DomainControl())
+        return await self._gather(subjects.domain_control(), body, _SCHEDULES, timeout_s)
+
+    async def _gather(
+        self, subject: str, body: bytes, codec: Codec[R], timeout_s: float
+    ) -> list[R]:
+        """Every answer to one request that arrives within ``timeout_s``."""
         inbox = self._nc.new_inbox()
         sub = await self._nc.subscribe(inbox)
         deadline = asyncio.get_running_loop().time() + timeout_s
-        beats: list[Heartbeat] = []
+        answers: list[R] = []
         try:
-            await self._nc.publish(subjects.ping(), b"", reply=inbox)
+            await self._nc.publish(subject, body, reply=inbox)
             while (msg := await next_msg(sub, deadline)) is not None:
                 try:
-                    beats.append(_HEARTBEAT.decode(msg.data))
+                    answers.append(codec.decode(msg.data))
                 except DecodeError as error:
-                    _log.warning("ignoring a ping reply that is not a Heartbeat: %s", error)
+                    _log.warning("ignoring an undecodable reply on %s: %s", subject, error)
         finally:
             await sub.unsubscribe()
-        return beats
+        return answers
 
 
 def _decode_scored(msg: Msg) -> ScoredRollout | None:

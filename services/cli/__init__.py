@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from services.cli import (
     dlq,
+    domain_control,
     domains,
     evaluate,
     ledger,
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.register(commands)
     sandbox.register(commands)
     domains.register(commands)
+    domain_control.register(commands)
     model.register(commands)
     ledger.register(commands)
     report.register(commands)

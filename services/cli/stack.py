@@ -23,7 +23,7 @@ from services.cli.status_view import print_status
 from services.runtime import logs
 from services.runtime.natsserver import NatsServerError
 from services.runtime.service import Service
-from services.runtime.settings import SettingsError
+from services.runtime.settings import SettingsError, from_env
 from services.supervisor import StackSettings, Supervisor
 
 
@@ -92,6 +92,13 @@ def register(commands: Any) -> None:
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("name", help=f"service name ({', '.join(sorted(registry.entries()))})")
+    serve.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="learner only: run N data-parallel ranks here (execs torchrun --standalone; "
+        "several hosts: run torchrun yourself, docs/operations.md)",
+    )
     serve.set_defaults(run=cmd_serve)
 
     status = commands.add_parser("status", help="services, streams and dead letters of the stack")
@@ -223,12 +230,43 @@ def _say(line: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        _exec_torchrun(args.name, args.nproc)
+    if args.name == "learner" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _serve_rank()
     try:
         service = registry.build(args.name, os.environ)
     except (registry.UnknownService, SettingsError) as error:
         raise CliError(str(error), 2) from None
     logs.configure(service.name, service.runtime.log_level)
     return run(lambda: _serve(service))
+
+
+def _exec_torchrun(name: str, nproc: int) -> None:
+    """Become torchrun, which starts ``temper serve learner`` once per rank."""
+    if name != "learner" or nproc < 1:
+        raise CliError("--nproc N (N >= 1) runs the learner only", 2)
+    from services.learner.ranks import torchrun_command
+
+    command = torchrun_command(nproc)
+    os.execv(command[0], command)
+
+
+def _serve_rank() -> int:
+    """One rank of the learner under torchrun: rank 0 serves, the others follow it."""
+    from services.learner import ranks
+    from services.learner.distributed import ParallelSettings
+    from services.learner.service import LearnerSettings
+
+    parallel = ParallelSettings.from_env(os.environ)
+    if parallel is None:
+        raise CliError("WORLD_SIZE is set without RANK: start the learner with torchrun", 2)
+    try:
+        settings = from_env(LearnerSettings, "TEMPER_LEARNER_", os.environ)
+    except SettingsError as error:
+        raise CliError(str(error), 2) from None
+    logs.configure("learner", settings.runtime.log_level)
+    return ranks.serve(settings, parallel, lambda service: run(lambda: _serve(service)))
 
 
 async def _serve(service: Service) -> int:

@@ -145,6 +145,9 @@ class Domain:
     tier: int = DEFAULT_TIER
     #: A scored rollout "passes" when its reward reaches this (per-domain pass rate).
     pass_threshold: float = 1.0
+    #: Weight of the domain in the generators' fair share within its tier: with tasks of
+    #: several domains waiting, each gets starts in proportion to its weight.
+    share_weight: float = 1.0
     overlong: Overlong = "keep"
     #: The family or built-in kind that made the domain (``arithmetic``, ``jsonl``, ...).
     kind: str = ""
@@ -174,6 +177,8 @@ class Domain:
             raise DomainError(self.name, f"samples {self.samples} is outside 1..4096")
         if self.overlong not in OVERLONG:
             raise DomainError(self.name, f"overlong {self.overlong!r} is not one of {OVERLONG}")
+        if not (math.isfinite(self.share_weight) and self.share_weight > 0):
+            raise DomainError(self.name, f"share_weight {self.share_weight} is not positive")
 
     def split_of(self, problem: Problem) -> Split:
         if problem.split is not None:

@@ -18,7 +18,7 @@
 
 Any declaration may override a domain's fields: ``prompt``, ``validators``,
 ``tools``, ``sandbox``, ``eval_fraction``, ``max_tokens``, ``max_turns``,
-``samples``, ``tier``, ``pass_threshold``, ``description``.  A ``path`` parameter
+``samples``, ``tier``, ``pass_threshold``, ``share_weight``, ``description``.  A ``path`` parameter
 is resolved against the folder of the file that declares it.
 """
 
@@ -78,6 +78,7 @@ class Overrides(_Config):
     samples: int | None = None
     tier: int | None = None
     pass_threshold: float | None = None
+    share_weight: float | None = None
     overlong: str | None = None
     description: str | None = None
 
@@ -147,7 +148,7 @@ def build(declaration: Declaration, defaults: Overrides, base: Path, kinds: Kind
 
 #: Fields an override replaces as they are.
 _SCALARS: tuple[str, ...] = ("eval_fraction", "max_tokens", "max_turns", "samples", "tier")
-_SCALARS += ("pass_threshold", "overlong", "description")
+_SCALARS += ("pass_threshold", "share_weight", "overlong", "description")
 
 
 def apply(domain: Domain, overrides: Overrides) -> Domain:

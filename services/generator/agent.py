@@ -35,6 +35,9 @@ from services.generator.engine import (
 from services.generator.tools import ToolBox, ToolInfraError, ToolSession, parse_tool_call
 from services.model.tokens import ChatTokenizer
 
+#: How the error of a rollout whose tool infrastructure (the sandbox) failed begins: the
+#: generator's quarantine counts these against the domain, not engine failures.
+TOOL_FAILURE = "tool: "
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -75,7 +78,14 @@ class Trajectory:
         self.logprobs.extend(sample.logprobs)
         self.mask.extend([1] * len(sample.output_ids))
         self.segments.append(
-            Segment(start=start, end=len(self.completion), kind="gen", version=sample.version)
+            Segment(
+                start=start,
+                end=len(self.completion),
+                kind="gen",
+                version=sample.version,
+                server=sample.server,
+                cached_tokens=sample.cached_tokens,
+            )
         )
         self.cached_tokens += sample.cached_tokens
         self.turns += 1
@@ -156,7 +166,7 @@ class AgentLoop:
                     return
                 await self._next_turn(task, index, trajectory, budget)
         except ToolInfraError as error:
-            trajectory.fail(RolloutStatus.INFRA_FAILURE, f"tool: {error}")
+            trajectory.fail(RolloutStatus.INFRA_FAILURE, f"{TOOL_FAILURE}{error}")
         except EngineError as error:
             trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error))
         except InvalidRequestError as error:

@@ -67,6 +67,8 @@ class Sample:
     cached_tokens: int
     #: Policy version that produced the tokens.
     version: int
+    #: The server that generated it; empty for an embedded engine.
+    server: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -115,19 +115,30 @@ class Quarantine:
         state.probe_wait_s = min(2 * state.probe_wait_s, self.settings.max_probe_after_s)
         state.next_probe_at = now + state.probe_wait_s
 
-    def allows(self, domain: str, now: float) -> bool:
-        """Whether a task of ``domain`` may start now; a True for a quarantined domain
-        starts its probe (no other task of it starts until the probe's result)."""
+    def may_start(self, domain: str, now: float) -> bool:
+        """Whether a task of ``domain`` may start now (for a quarantined one: its probe)."""
         state = self._domains.get(domain)
         if state is None or state.since is None:
             return True
         if state.probing and now >= state.probe_deadline:
             # The probe never reported (its generator died, say): it failed at its deadline.
             self._probed(domain, state, ok=False, now=state.probe_deadline)
-        if state.probing or now < state.next_probe_at:
-            return False
+        return not state.probing and now >= state.next_probe_at
+
+    def started(self, domain: str, now: float) -> None:
+        """A task of ``domain`` started; for a quarantined domain it is the probe, and no
+        other task of it starts until the probe's result."""
+        state = self._domains.get(domain)
+        if state is None or state.since is None:
+            return
         state.probing = True
         state.probe_deadline = now + state.probe_wait_s
+
+    def allows(self, domain: str, now: float) -> bool:
+        """:meth:`may_start`, and if so :meth:`started`."""
+        if not self.may_start(domain, now):
+            return False
+        self.started(domain, now)
         return True
 
     def state(self, domain: str) -> DomainState:

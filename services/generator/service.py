@@ -1,6 +1,8 @@
 """Generator service: tasks from the tier streams in, rollouts out, weights kept current.
 
-Tasks are pulled with strict priority (tier 0 first) under one shared concurrency bound.
+Tasks are pulled with strict priority (tier 0 first) under one shared concurrency bound,
+and within a tier in weighted fair share between domains, a quarantined domain's tasks
+held in their stream (services.generator.intake, services.generator.scheduling).
 A task is acked only once all its rollouts are stored in the rollout stream, each with
 its stable id as ``Nats-Msg-Id``, so a redelivered task republishes nothing new.
 Policy updates are applied by the engine's weight transaction between requests.
@@ -15,12 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats.errors
 import nats.js.errors
 
 from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.messages import (
+    DomainControl,
+    DomainSchedules,
     PolicyUpdate,
     Rollout,
     RolloutStatus,
@@ -32,8 +37,11 @@ from services.domains.api import is_heldout
 from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, LoopLimits
 from services.generator.engine import Engine, EngineError
+from services.generator.intake import DURABLE, DomainConsumer
+from services.generator.scheduling import DomainScheduler
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
+from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.jetstream import ConsumerSpec
@@ -44,7 +52,6 @@ from services.runtime.service import Service
 from services.runtime.stages import Stages
 from services.runtime.weights import verify_digest
 
-DURABLE = "generator"
 #: After a reconnect, how long to wait for JetStream to answer again (a restarted server
 #: recovers its streams first) before the catch-up reads the policy stream anyway.
 JETSTREAM_READY_S = 10.0
@@ -60,11 +67,16 @@ class GeneratorService(Service):
         self._loop: AgentLoop | None = None
         self._gate = PriorityGate(len(streams.TASK_STREAMS), settings.max_concurrent_tasks)
         self._known: Callable[[str], bool] | None = None
+        #: Fair share between domains and quarantine, shared by every tier's intake.
+        self.scheduler = DomainScheduler(settings.scheduling, {})
         self._weights_lock = asyncio.Lock()
         self.version = 0
         self.latest_announced = 0
         self.rollouts: Counter[str] = Counter()
         self.weight_failures = 0
+        #: ``torch_distributed`` updates whose broadcast failed (loaded from disk, or not).
+        self.broadcast_failures = 0
+        self._receiver: WeightReceiver | None = None
         self._generated_at_start = 0
         self._task_codec: Codec[Task] = Codec(Task)
         self.admission = StalenessAdmission(settings.admission_samples)
@@ -83,6 +95,14 @@ class GeneratorService(Service):
             self._engine = make_engine(settings)
         await self.engine.start()
         self.version = self.engine.statistics().version
+        if isinstance(self.engine, BroadcastEngine):
+            self._receiver = WeightReceiver(
+                self.bus.nc,
+                self.engine,
+                self.instance,
+                self.log,
+                request_timeout_s=settings.weight_request_timeout_s,
+            )
         tokenizer = await asyncio.to_thread(ChatTokenizer.load, settings.model)
         self._loop = AgentLoop(
             self.engine,
@@ -95,13 +115,21 @@ class GeneratorService(Service):
             ),
             generator=self.instance,
         )
-        self._known = _domain_check(settings)
+        self._known, weights = await asyncio.to_thread(_domains, settings)
+        self.scheduler = DomainScheduler(settings.scheduling, weights)
         await self._catch_up_weights()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
+        self.listen(subjects.domain_control(), Codec(DomainControl), self._on_domain_control)
         for tier, spec in enumerate(streams.TASK_STREAMS):
-            self.consume(
-                self._consumer_spec(spec.name), self._task_codec, self._on_task, self._tuning(tier)
+            consumer = DomainConsumer(
+                self._consumer_spec(spec.name),
+                self._task_codec,
+                self._on_task,
+                tier=tier,
+                fairness=self.scheduler.fairness,
+                **self._consumer_deps(self._tuning(tier)),
             )
+            self._add_consumer(consumer)
 
     def _consumer_spec(self, stream: str) -> ConsumerSpec:
         return ConsumerSpec(
@@ -125,17 +153,36 @@ class GeneratorService(Service):
         return LocalTools()
 
     async def teardown(self) -> None:
+        if self._receiver is not None:
+            await self._receiver.close()
         if self._engine is not None:
             await self._engine.close()
 
     # ------------------------------------------------------------------ tasks
 
     async def _on_task(self, task: Task, delivery: Delivery) -> None:
+        rollouts: list[Rollout] = []
+        self.scheduler.started(task.domain)
+        try:
+            rollouts = await self._generate(task)
+            await self._publish(task, rollouts, delivery)
+        finally:
+            self.scheduler.finished(task.domain, rollouts)
+        self.log.info(
+            "task_generated",
+            domain=task.domain,
+            samples=len(rollouts),
+            statuses=sorted({r.status.value for r in rollouts}),
+        )
+
+    async def _generate(self, task: Task) -> list[Rollout]:
         if not is_heldout(task):
             with self.stages.stage("admission"):
                 await self.admission.admit(task.n)
         with self.stages.stage("generate"):
-            rollouts = await self._rollouts_for(task)
+            return await self._rollouts_for(task)
+
+    async def _publish(self, task: Task, rollouts: list[Rollout], delivery: Delivery) -> None:
         with self.stages.stage("publish"):
             for rollout in rollouts:
                 await self.bus.publish(
@@ -145,12 +192,17 @@ class GeneratorService(Service):
                     msg_id=rollout.id,
                 )
                 self.rollouts[rollout.status.value] += 1
-        self.log.info(
-            "task_generated",
-            domain=task.domain,
-            samples=len(rollouts),
-            statuses=sorted({r.status.value for r in rollouts}),
-        )
+
+    async def _on_domain_control(self, request: DomainControl, _: Request) -> DomainSchedules:
+        answer = self.scheduler.control(request, self.instance)
+        if answer.applied:
+            self.log.info(
+                "domain_control",
+                domain=request.domain,
+                resume=request.resume,
+                share_weight=request.share_weight,
+            )
+        return answer
 
     async def _rollouts_for(self, task: Task) -> list[Rollout]:
         loop = self._loop
@@ -209,7 +261,8 @@ class GeneratorService(Service):
         elapsed = time.monotonic() - started
         self.stages.add("weight_reload", elapsed)
         ack = WeightSyncAck(
-            version=update.version,
+            # The learner may have sent a newer announced version than asked for.
+            version=self.version if error is None else update.version,
             service=self.name,
             instance=self.instance,
             ok=error is None,
@@ -220,17 +273,46 @@ class GeneratorService(Service):
 
     async def _load(self, update: PolicyUpdate) -> str | None:
         try:
-            if update.format is WeightFormat.HF_SAFETENSORS:
-                await asyncio.to_thread(verify_digest, Path(update.uri), update.digest)
             async with asyncio.timeout(self.settings.weight_update_timeout_s):
-                await self.engine.load_weights(update.version, update.uri)
+                served = await self._fetch(update)
         except (EngineError, OSError, ValueError, TimeoutError) as error:
             self.weight_failures += 1
             self.log.error("weight_update_failed", version=update.version, error=str(error))
             return f"{type(error).__name__}: {error}"
-        self.version = update.version
-        self.log.info("weights_updated", version=update.version, uri=update.uri)
+        self.version = served
+        self.log.info("weights_updated", version=served, uri=update.uri)
         return None
+
+    async def _fetch(self, update: PolicyUpdate) -> int:
+        """Load ``update``; return the version served (newer if the learner sent one)."""
+        if update.format is WeightFormat.TORCH_DISTRIBUTED:
+            return await self._receive(update)
+        await asyncio.to_thread(verify_digest, Path(update.uri), update.digest)
+        await self.engine.load_weights(update.version, update.uri)
+        return update.version
+
+    async def _receive(self, update: PolicyUpdate) -> int:
+        """A broadcast update: received by the servers, else loaded from its directory
+        (``update.path``) by an engine that cannot receive one, or after a failed broadcast
+        when ``weight_disk_fallback`` allows it."""
+        receiver = self._receiver
+        if receiver is not None:
+            try:
+                return await receiver.load(update)
+            except EngineError as error:
+                self.broadcast_failures += 1
+                if not (self.settings.weight_disk_fallback and update.path):
+                    raise
+                self.log.warning(
+                    "weight_broadcast_failed", version=update.version, error=str(error)
+                )
+        elif not update.path:
+            raise EngineError(
+                f"the {self.engine.name} engine cannot receive a torch.distributed broadcast "
+                "and the update names no directory"
+            )
+        disk = msgspec.structs.replace(update, format=WeightFormat.HF_SAFETENSORS, uri=update.path)
+        return await self._fetch(disk)
 
     # ------------------------------------------------------------------ reporting
 
@@ -239,7 +321,9 @@ class GeneratorService(Service):
 
     def health(self) -> tuple[bool, str]:
         ok, detail = super().health()
-        return ok, detail or f"engine={self.settings.engine} version={self.version}"
+        held = self.scheduler.held()
+        quarantined = f" quarantined={','.join(held)}" if held else ""
+        return ok, detail or f"engine={self.settings.engine} version={self.version}{quarantined}"
 
     def statistics(self) -> dict[str, float]:
         values = super().statistics()
@@ -253,8 +337,10 @@ class GeneratorService(Service):
         values["policy_version"] = float(self.version)
         values["version_lag"] = float(max(0, self.latest_announced - self.version))
         values["weight_update_failures"] = float(self.weight_failures)
+        values["weight_broadcast_failures"] = float(self.broadcast_failures)
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
+        values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
         for status in RolloutStatus:
             values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
@@ -283,13 +369,17 @@ def _context_len(model: Path) -> int:
     return int(config.get("max_position_embeddings", 4096))
 
 
-def _domain_check(settings: GeneratorSettings) -> Callable[[str], bool] | None:
+def _domains(
+    settings: GeneratorSettings,
+) -> tuple[Callable[[str], bool] | None, dict[str, float]]:
+    """The check for known domains (None: any goes) and their fair-share weights."""
     if not settings.check_domains:
-        return None
+        return None, {}
     from services.domains import load_registry
 
     registry = load_registry(settings.domains_config)
-    return registry.__contains__
+    weights = {domain.name: domain.share_weight for domain in registry}
+    return registry.__contains__, weights
 
 
 def make_engine(settings: GeneratorSettings) -> Engine:
@@ -307,6 +397,7 @@ def make_engine(settings: GeneratorSettings) -> Engine:
             cache_bytes=settings.prefix_cache_mb << 20,
             tune_linears=settings.tune_linears,
         )
-    from services.generator.sglang_engine import SGLangEngine
+    from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings
 
-    return SGLangEngine(list(settings.sglang_urls))
+    engine_settings = SGLangEngineSettings(check_raw_logprobs=settings.sglang_check_raw_logprobs)
+    return SGLangEngine(list(settings.sglang_urls), engine_settings)

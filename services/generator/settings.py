@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.generator.scheduling import SchedulingSettings
 from services.runtime.settings import RuntimeSettings
 
 ENGINES = ("torch", "sglang")
@@ -21,6 +22,10 @@ class GeneratorSettings:
     #: ``torch`` (embedded, CPU or one GPU) or ``sglang`` (servers at ``sglang_urls``).
     engine: str = "torch"
     sglang_urls: tuple[str, ...] = ()
+    #: At start, refuse SGLang servers whose logprobs are temperature-scaled (importance
+    #: ratios against them would be wrong).  Off only where every task samples at
+    #: temperature 1, or where no rollout trains (routing and load tests).
+    sglang_check_raw_logprobs: bool = True
     #: ``cpu``, ``cuda``; empty picks cuda when available.
     device: str = ""
     #: Torch engine dtype (``float32``, ``bfloat16``, ``float16``); empty: bfloat16 on a GPU,
@@ -59,7 +64,14 @@ class GeneratorSettings:
     ack_wait_s: float = 60.0
     max_deliver: int = 5
     weight_update_timeout_s: float = 300.0
+    #: ``torch_distributed`` updates: a request to the learner's weight subject.
+    weight_request_timeout_s: float = 10.0
+    #: After a failed broadcast, load the version from the directory the update names
+    #: (when it names one and this host sees it); off: the update fails and is acked so.
+    weight_disk_fallback: bool = True
     fetch_wait_s: float = 1.0
+    #: Fair share between domains and flaky-domain quarantine (``TEMPER_GENERATOR_SCHEDULING_*``).
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -108,7 +108,6 @@ class SGLangSample(Sample):
     #: Which policy version generated which output tokens (one span unless an update landed
     #: while the sample was generating).
     version_spans: tuple[VersionSpan, ...] = ()
-    server: str = ""
 
 
 @dataclass(frozen=True)
@@ -478,6 +477,26 @@ class SGLangEngine:
                 for rank, url in enumerate(self.urls)
             )
         )
+
+    async def destroy_weights_update_group(self, group_name: str = "temper_weights") -> None:
+        """Every server leaves ``group_name``; errors are collected, every server is asked.
+
+        After a failed broadcast the group is unusable (its peers may be gone), and a
+        server keeps it, with its sockets, until told.
+        """
+        results = await asyncio.gather(
+            *(
+                self._control(url, "/destroy_weights_update_group", {"group_name": group_name})
+                for url in self.urls
+            ),
+            return_exceptions=True,
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for result in failures:
+            if not isinstance(result, Exception):
+                raise result
+        if failures:
+            raise EngineError("; ".join(str(r) for r in failures))
 
     async def load_weights_from_distributed(
         self, version: int, params: Sequence[TensorSpec], *, group_name: str = "temper_weights"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -55,15 +56,24 @@ class DataParallel:
         self.rank = settings.rank
         self.world_size = settings.world_size
         self.device = torch.device(device)
+        #: Micro-batches this rank has run the backward on: its part of the work.
+        self.micro_batches = 0
 
     @classmethod
-    def start(cls, settings: ParallelSettings, device: str) -> DataParallel:
+    def start(
+        cls, settings: ParallelSettings, device: str, timeout_s: float | None = None
+    ) -> DataParallel:
         """Join the process group; MASTER_ADDR and MASTER_PORT come from torchrun
-        (``env://``: under torchrun the agent's store already listens on that port)."""
+        (``env://``: under torchrun the agent's store already listens on that port).
+        ``timeout_s`` bounds every collective, so a rank whose peer hangs fails instead of
+        waiting forever (None: torch's default)."""
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(torch.device(device))
-        dist.init_process_group(backend, rank=settings.rank, world_size=settings.world_size)
+        timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+        dist.init_process_group(
+            backend, rank=settings.rank, world_size=settings.world_size, timeout=timeout
+        )
         return cls(settings, device)
 
     def close(self) -> None:
@@ -72,7 +82,9 @@ class DataParallel:
 
     def share(self, items: Sequence[_Share]) -> list[_Share]:
         """This rank's micro-batches: every ``world_size``-th, so shares differ by one at most."""
-        return list(items[self.rank :: self.world_size])
+        mine = list(items[self.rank :: self.world_size])
+        self.micro_batches += len(mine)
+        return mine
 
     @torch.no_grad()
     def prepare(self, model: torch.nn.Module) -> None:

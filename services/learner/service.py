@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 
@@ -43,6 +43,7 @@ from protocol.messages import (
     ScoredRollout,
 )
 from services.learner.acks import AckSettings, WeightAcks
+from services.learner.broadcast import BroadcastSettings, WeightServer, make_weight_server
 from services.learner.checkpoints import Loaded
 from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.loss import LossConfig
@@ -53,6 +54,9 @@ from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
 from services.runtime.stages import Stages
+
+if TYPE_CHECKING:
+    from services.learner.ranks import Leader
 
 #: How long an announcement is tried again while the policy stream does not answer
 #: (several leader elections of a NATS cluster) before the learner gives up.
@@ -109,12 +113,23 @@ class LearnerSettings:
     #: How long a round waits for every live generator to ack a new version (training
     #: goes on meanwhile); generators that don't are reported lagging.
     weight_ack_timeout_s: float = 60.0
+    #: How generators get each version: ``disk`` (they load its directory from a volume
+    #: they share) or ``distributed`` (SGLang servers receive a torch.distributed broadcast
+    #: from this learner; every version is still written to disk).  docs/operations.md.
+    weight_transport: str = "disk"
+    #: ``distributed``: the address the SGLang servers reach this learner at.
+    weight_master_address: str = "127.0.0.1"
+    #: ``distributed``: joining a group, or one broadcast, taking longer fails it.
+    weight_broadcast_timeout_s: float = 120.0
     #: How long the buffer may take to fill a batch; a partial batch is trained on.
     sample_wait_s: float = 5.0
     #: The smallest batch worth a step: the buffer keeps a smaller one until it grows.
     min_samples: int = 8
     device: str = "cpu"
     seed: int = 0
+    #: Under torchrun: how long a rank waits in a collective for the others before the
+    #: job fails (and how often, at most a quarter of it, an idle rank 0 says so).
+    rank_timeout_s: float = 1800.0
 
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(
@@ -157,12 +172,23 @@ class LearnerService(Service):
         self._scalars: Scalars | None = None
         self._ledger = Ledger(settings.out_dir)
         self.acks = WeightAcks(AckSettings(timeout_s=settings.weight_ack_timeout_s), self.log)
+        self.weights: WeightServer | None = make_weight_server(
+            settings.weight_transport,
+            BroadcastSettings(
+                master_address=settings.weight_master_address,
+                timeout_s=settings.weight_broadcast_timeout_s,
+            ),
+            self.instance,
+            self.log,
+        )
         self._since_checkpoint = 0
         #: The version announced last, with its digest (for the ledger).
         self._exported: Exported | None = None
         #: The step in flight (train, publish, record): finished even when the service
         #: stops, so no weight change goes unrecorded.
         self._current: asyncio.Future[None] | None = None
+        #: Under torchrun, rank 0's link to the other ranks (``services.learner.ranks``).
+        self.ranks: Leader | None = None
 
     @property
     def trainer(self) -> Trainer:
@@ -173,6 +199,8 @@ class LearnerService(Service):
     async def setup(self) -> None:
         settings = self.settings
         self.acks.listen(self)
+        if self.weights is not None:
+            self.weights.listen(self)
         if settings.threads:
             import torch
 
@@ -180,10 +208,17 @@ class LearnerService(Service):
         if settings.tensorboard:
             self._scalars = await asyncio.to_thread(Scalars, settings.out_dir / "tensorboard")
         self._trainer = await asyncio.to_thread(
-            Trainer, settings.model, settings.out_dir, settings.trainer_config(), settings.device
+            Trainer,
+            settings.model,
+            settings.out_dir,
+            settings.trainer_config(),
+            settings.device,
+            self.ranks.parallel if self.ranks is not None else None,
         )
         await self._resume()
         await self._continue_lineage()
+        if self.ranks is not None:
+            await asyncio.to_thread(self.ranks.synchronise, self.trainer)
         if settings.lease:
             # What the checkpoint covers is committed first, so that the release puts back
             # only what the abandoned steps used.
@@ -293,6 +328,8 @@ class LearnerService(Service):
             if batch is None or not batch.items:
                 if batch is not None:
                     await self._settle()
+                if self.ranks is not None:
+                    await asyncio.to_thread(self.ranks.idle)
                 await asyncio.sleep(0.2 if batch is not None else 1.0)
                 continue
             self._current = asyncio.ensure_future(self._step(batch, stages))
@@ -309,7 +346,7 @@ class LearnerService(Service):
         published = False
         if fresh:
             with stages.stage("train"):
-                result = await asyncio.to_thread(self.trainer.train, fresh)
+                result = await asyncio.to_thread(self._train, fresh)
             self._account(result)
         if result is not None and result.skipped:
             await self._report_progress()
@@ -321,6 +358,12 @@ class LearnerService(Service):
         await self._maybe_checkpoint(stages)
         if result is not None and not result.skipped:
             self._record(result, batch, {**stages.seconds, **result.seconds})
+
+    def _train(self, items: list[ScoredRollout]) -> StepResult:
+        """One step; under torchrun every rank takes it, on the batch rank 0 hands them."""
+        if self.ranks is None:
+            return self.trainer.train(items)
+        return self.ranks.train(self.trainer, items)
 
     def _step_record(
         self,
@@ -499,8 +542,12 @@ class LearnerService(Service):
             created_at=time.time(),
             trained_samples=trainer.consumed,
         )
+        if self.weights is not None:
+            update = await self.weights.offer(exported, update)
         msg_id = f"policy-{exported.version}-{exported.digest}-{trainer.consumed}"
         await self._publish_patiently(subjects.policy_update(), update, msg_id)
+        if self.weights is not None:
+            self.weights.announced(exported.version)
         self._exported = exported
         self.acks.announced(exported.version)
         self.log.info("policy_published", version=exported.version, step=self.trainer.step)
@@ -523,12 +570,16 @@ class LearnerService(Service):
     async def teardown(self) -> None:
         if self._current is not None:
             await asyncio.wait([self._current])
-        if self._trainer is not None and self._since_checkpoint:
+        # After a step that failed part-way (a rank died) the weights may hold part of it.
+        broken = self.ranks is not None and self.ranks.broken
+        if self._trainer is not None and self._since_checkpoint and not broken:
             await self._checkpoint()
         if self._trainer is not None:
             await self._commit(all_closed=True)
         if self._scalars is not None:
             self._scalars.close()
+        if self.weights is not None:
+            await self.weights.close()
 
     def _record(self, result: StepResult, batch: Batch, seconds: dict[str, float]) -> None:
         line = step_line(result, self.trainer.version, batch.dropped_stale, seconds)
@@ -557,6 +608,9 @@ class LearnerService(Service):
         values["negative_staleness"] = float(self.negative_staleness)
         values["uncommitted"] = float(self._ledger.waiting(all_intervals=True))
         values.update(self.acks.statistics())
+        values["world_size"] = float(self.ranks.world_size if self.ranks is not None else 1)
+        if self.weights is not None:
+            values.update(self.weights.statistics())
         if self._trainer is not None:
             values["step"] = float(self._trainer.step)
             values["policy_version"] = float(self._trainer.version)

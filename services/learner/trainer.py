@@ -25,6 +25,7 @@ import torch
 from protocol.messages import FinishReason, ScoredRollout
 from protocol.packed import unpack_f32, unpack_i32, unpack_u8
 from services.learner.checkpoints import CheckpointStore, Loaded
+from services.learner.checkpoints import read as read_checkpoint
 from services.learner.export import write_weights
 from services.learner.loss import (
     LossConfig,
@@ -217,6 +218,9 @@ class Trainer:
         self._lock = threading.Lock()
         out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = CheckpointStore(out_dir, config.keep_checkpoints)
+        #: The checkpoint file resumed from or saved last: under torchrun, the other ranks
+        #: load the optimizer state and position of this one.
+        self.checkpoint: Path | None = None
 
     # ------------------------------------------------------------------ training
 
@@ -445,7 +449,8 @@ class Trainer:
         """Write the state; ``extra`` (JSON-like, e.g. the ledger position) rides along and
         comes back from :meth:`resume`."""
         with self._lock:
-            return self.checkpoints.save(self._state(extra or {}), self.version)
+            self.checkpoint = self.checkpoints.save(self._state(extra or {}), self.version)
+            return self.checkpoint
 
     def _state(self, extra: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -464,7 +469,16 @@ class Trainer:
         loaded = self.checkpoints.load_newest(self.device)
         if loaded is None:
             return None
-        state = loaded.state
+        self._load(loaded.state)
+        self.checkpoint = loaded.path
+        return loaded
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Load the checkpoint at ``path`` (the one another rank resumed from or saved)."""
+        self._load(read_checkpoint(path, self.device))
+        self.checkpoint = path
+
+    def _load(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
@@ -474,7 +488,6 @@ class Trainer:
         if "shuffle" in state:
             self._shuffle.set_state(state["shuffle"])
         self.consumed = int(state.get("consumed", 0))
-        return loaded
 
     def load_weights(self, path: Path, *, version: int, step: int, samples: int) -> None:
         """Take the weights of a published directory (newer than the checkpoint resumed

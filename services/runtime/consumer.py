@@ -202,14 +202,19 @@ class PullConsumer(Generic[M, H]):
     def _spawn(self, group: asyncio.TaskGroup, msgs: list[Msg]) -> None:
         raise NotImplementedError
 
-    async def _consume(self) -> None:
+    async def _prepare(self) -> None:
+        """Create (or update) the durable this consumer pulls from."""
         await ensure_consumer(self._js, self.spec)
+
+    def _advisory_subject(self) -> str:
+        return max_deliveries_advisory(self.spec.stream, self.spec.durable)
+
+    async def _consume(self) -> None:
+        await self._prepare()
         info = await self._js.stream_info(self.spec.stream)
         self._work_queue = info.config.retention == api.RetentionPolicy.WORK_QUEUE
         source = await self._open()
-        advisories = await self._bus.nc.subscribe(
-            max_deliveries_advisory(self.spec.stream, self.spec.durable)
-        )
+        advisories = await self._bus.nc.subscribe(self._advisory_subject())
         try:
             async with asyncio.TaskGroup() as group:
                 keeper = group.create_task(self._keep_alive())

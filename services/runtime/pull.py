@@ -88,11 +88,18 @@ class Puller:
         Raises :class:`PullFailed` when the server refuses the request, and nats-py's
         connection errors when the request cannot be sent.
         """
+        taken = await self.take_now(count)
+        if taken:
+            return taken
+        expires = int(wait_s * 1e9)
+        await self._request(PullRequest(batch=count, expires=expires), wait_s)
+        taken, self._got = self._got[:count], self._got[count:]
+        return taken
+
+    async def take_now(self, count: int) -> list[Msg]:
+        """Up to ``count`` messages that are there now; never leaves a request open."""
         if len(self._got) < count:
             await self._request(PullRequest(batch=count - len(self._got), no_wait=True), 0.0)
-        if not self._got:
-            expires = int(wait_s * 1e9)
-            await self._request(PullRequest(batch=count, expires=expires), wait_s)
         taken, self._got = self._got[:count], self._got[count:]
         return taken
 

@@ -22,8 +22,11 @@ from protocol.messages import (
     BatchStatus,
     ChatMessage,
     CommitReply,
+    DomainControl,
     DomainInfo,
     DomainList,
+    DomainSchedule,
+    DomainSchedules,
     DomainsRequest,
     DomainValidator,
     ErrorEvent,
@@ -60,7 +63,12 @@ from protocol.messages import (
     ToolCall,
     ValidatorDetail,
     WeightFormat,
+    WeightGroup,
+    WeightGroupOpen,
+    WeightSend,
+    WeightSending,
     WeightSyncAck,
+    WeightTensor,
     rollout_id,
 )
 
@@ -430,6 +438,24 @@ def examples() -> dict[str, Message]:
             error="digest mismatch",
             duration_s=1.5,
         ),
+        WeightGroupOpen(instance="generator-0", servers=2),
+        WeightGroup(
+            group="temper-generator-0-1",
+            master_address="10.0.0.7",
+            master_port=29_500,
+            world_size=3,
+            backend="gloo",
+        ),
+        WeightSend(group="temper-generator-0-1", version=14),
+        WeightSending(
+            group="temper-generator-0-1",
+            version=14,
+            digest=DIGEST,
+            tensors=[
+                WeightTensor(name="model.embed_tokens.weight", dtype="float32", shape=[1024, 64]),
+                WeightTensor(name="model.norm.weight", dtype="float32", shape=[64]),
+            ],
+        ),
         Heartbeat(
             service="validator",
             instance="validator-1",
@@ -470,5 +496,21 @@ def examples() -> dict[str, Message]:
         ),
         DomainsRequest(names=["arithmetic", "python_functions"], examples=True),
         domain_list(),
+        DomainControl(domain="python_functions", resume=True, share_weight=2.5),
+        DomainSchedules(
+            instance="generator-0",
+            applied=True,
+            domains=[
+                DomainSchedule(
+                    domain="python_functions",
+                    state="quarantined",
+                    share_weight=2.5,
+                    started=40,
+                    in_flight=0,
+                    failure_rate=0.75,
+                ),
+                DomainSchedule(domain="arithmetic", started=120, in_flight=3),
+            ],
+        ),
     ]
     return {type(value).__struct_config__.tag: value for value in values}  # type: ignore[misc]

@@ -52,6 +52,7 @@ from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import (
     MESSAGE_TYPES,
     BatchCommit,
+    DomainControl,
     DomainsRequest,
     ErrorEvent,
     ErrorReply,
@@ -150,6 +151,7 @@ def table(sandbox_instance: str) -> list[Target]:
         _request(subjects.replay_commit(), BatchCommit | LeaseRelease, 300),
         _request(subjects.status(), StatusRequest, 300),
         _request(subjects.domains(), DomainsRequest, 400),
+        _request(subjects.domain_control(), DomainControl, 300),
         _event(subjects.policy_update(), PolicyUpdate, 500),
         _event(subjects.weight_ack("generator"), WeightSyncAck, 300),
         Target("event", subjects.heartbeats(), subjects.heartbeat("fuzz"), Heartbeat, 400),
@@ -205,6 +207,10 @@ async def discover(nc: NATS, monitor: str) -> Consumed:
         if not name.startswith("temper-"):
             continue
         service = name.removeprefix("temper-").split("-")[0]
+        if service == "generator":
+            # Its fair intake makes a durable per domain as that domain's tasks arrive.
+            for spec in streams.TASK_STREAMS:
+                consumed.setdefault(spec.name, set())
         for sub in conn.get("subscriptions_list_detail", []):
             # Reply inboxes and the server's own advisories are not input from anyone.
             if not sub["subject"].startswith(("_INBOX.", "$")):
@@ -688,7 +694,9 @@ async def nothing_pending(nc: NATS, consumed: Consumed) -> dict[str, int]:
     deadline = time.monotonic() + 10
     while True:
         left: dict[str, int] = {}
-        for stream, names in consumed.streams.items():
+        for stream, known in consumed.streams.items():
+            # Durables made since discovery (a domain's first task) count as well.
+            names = known | {c.name or "" for c in await jsm.consumers_info(stream)}
             for name in names:
                 info = await jsm.consumer_info(stream, name)
                 pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
@@ -789,6 +797,7 @@ MINIMUM = {
     subjects.replay_sample(),
     subjects.status(),
     subjects.domains(),
+    subjects.domain_control(),
     subjects.policy_update(),
     subjects.heartbeats(),
     subjects.ping(),

@@ -1,13 +1,13 @@
-"""Sticky routing on two real CPU SGLang servers: every turn of a task lands on one server,
-and each later turn finds the conversation so far in that server's prefix cache.
+"""Sticky routing on two real CPU SGLang servers, from two generator processes: every turn
+of a task lands on one server, and each later turn finds the conversation so far in that
+server's prefix cache.
 
-The generators are two :class:`GeneratorService` instances in the test process, both
-given both server URLs and fed by one task stream on a real nats-server.  In-process,
-not as processes, so that each gets an engine the test can read: a
-:class:`SGLangEngine` that records the server and cached-token count of every request.
-It also lets the test skip the raw-logprob check, which the session's second server
-(temperature-scaled on purpose, see tests/sglang_fixtures.py) would fail; routing does
-not depend on it.
+Two ``temper serve generator`` processes share one task stream on a real nats-server and
+are both given both server URLs.  Each generated segment of a rollout names the server
+that produced it and the prompt tokens that server had cached, so the test reads routing
+and cache hits off the rollouts alone.  The session's second server returns
+temperature-scaled logprobs on purpose (tests/sglang_fixtures.py); the generators skip the
+start-up probe that would refuse it, since routing does not depend on logprobs.
 
 Both servers are the session's; the test loads a policy that calls tools into them and
 puts the tiny model back afterwards.
@@ -16,28 +16,38 @@ puts the tiny model back afterwards.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import random
 import shutil
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from protocol import subjects
 from protocol.codec import Codec, encode
-from protocol.messages import Rollout, RolloutStatus, SamplingParams, Task
+from protocol.messages import (
+    Heartbeat,
+    Rollout,
+    RolloutStatus,
+    SamplingParams,
+    Segment,
+    Task,
+)
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
 from services.domains.formats import tool_call_text, tool_instructions
-from services.generator.engine import GenerateRequest, Sample
-from services.generator.service import GeneratorService
-from services.generator.settings import GeneratorSettings
-from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings, SGLangSample
+from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings
 from services.generator.sglang_server import SGLangServer
-from tests.integration.support import client, runtime
+from services.runtime.procs import child_preexec
+from tests.integration.support import client
 
 # The first SGLang test of a session may build the venv (minutes) and start the servers.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -45,8 +55,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 TASKS = 6
 SAMPLES = 2
 MAX_TURNS = 3
-#: The raw-logprob probe is off: the second server returns scaled logprobs on purpose.
-ENGINE_SETTINGS = SGLangEngineSettings(check_raw_logprobs=False)
+INSTANCES = ("gen-a", "gen-b")
+START_TIMEOUT_S = 120
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _EchoSource:
@@ -86,44 +97,10 @@ def caller_policy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) ->
     return policy
 
 
-@dataclass(frozen=True)
-class Served:
-    """One /generate request as the engine sent it and SGLang answered it."""
-
-    key: str
-    server: str
-    prompt: tuple[int, ...]
-    n: int
-    cached_tokens: tuple[int, ...]
-
-
-class RecordingEngine(SGLangEngine):
-    """The SGLang engine, remembering every request it served."""
-
-    def __init__(self, urls: Sequence[str]) -> None:
-        super().__init__(urls, ENGINE_SETTINGS)
-        self.served: list[Served] = []
-
-    async def generate(self, request: GenerateRequest) -> list[Sample]:
-        samples = await super().generate(request)
-        servers = {s.server for s in samples if isinstance(s, SGLangSample)}
-        assert len(servers) == 1, servers
-        self.served.append(
-            Served(
-                key=request.trajectory_id,
-                server=servers.pop(),
-                prompt=tuple(request.prompt_ids),
-                n=request.n,
-                cached_tokens=tuple(s.cached_tokens for s in samples),
-            )
-        )
-        return samples
-
-
 @asynccontextmanager
 async def serving(urls: list[str], policy: Path, restore: Path) -> AsyncIterator[None]:
     """``policy`` on every server for the block, then ``restore`` (the session's model)."""
-    async with SGLangEngine(urls, ENGINE_SETTINGS) as admin:
+    async with SGLangEngine(urls, SGLangEngineSettings(check_raw_logprobs=False)) as admin:
         version = max(admin.server_version(url) for url in urls) + 1
         await admin.load_weights(version, str(policy))
         try:
@@ -142,76 +119,116 @@ def tasks() -> list[Task]:
     ]
 
 
-def generator_settings(
-    nats_url: str, instance: str, policy: Path, urls: list[str]
-) -> GeneratorSettings:
-    return GeneratorSettings(
-        runtime=runtime(nats_url, instance=instance),
-        model=policy,
-        engine="sglang",
-        sglang_urls=tuple(urls),
-        tools="local",
-        check_domains=False,
-        max_concurrent_tasks=2,
-        fetch_wait_s=0.2,
-    )
+def generator_env(nats_url: str, instance: str, policy: Path, urls: list[str]) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TEMPER_NATS_URL": nats_url,
+        "TEMPER_INSTANCE": instance,
+        "TEMPER_HEARTBEAT_S": "1",
+        "TEMPER_LOG_LEVEL": "warning",
+        "TEMPER_METRICS_PORT": "",
+        "TEMPER_GENERATOR_MODEL": str(policy),
+        "TEMPER_GENERATOR_ENGINE": "sglang",
+        "TEMPER_GENERATOR_SGLANG_URLS": ",".join(urls),
+        "TEMPER_GENERATOR_SGLANG_CHECK_RAW_LOGPROBS": "false",
+        "TEMPER_GENERATOR_TOOLS": "local",
+        "TEMPER_GENERATOR_CHECK_DOMAINS": "false",
+        "TEMPER_GENERATOR_MAX_CONCURRENT_TASKS": "2",
+        "TEMPER_GENERATOR_FETCH_WAIT_S": "0.2",
+    }
 
 
-async def generate_all(
-    nats_url: str, policy: Path, urls: list[str]
-) -> tuple[list[Rollout], list[Served]]:
-    """Run TASKS tasks through two generator instances; their rollouts and requests."""
+@asynccontextmanager
+async def generators(
+    nats_url: str, policy: Path, urls: list[str], logs: Path
+) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """Two ``temper serve generator`` processes; stopped (SIGTERM, then SIGKILL) after."""
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for name in INSTANCES:
+            with (logs / f"{name}.log").open("ab") as log:
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "services", "serve", "generator",
+                        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT,
+                        env=generator_env(nats_url, name, policy, urls),
+                        preexec_fn=child_preexec(),
+                    )
+                )  # fmt: skip
+        yield procs
+    finally:
+        await stop(procs)
+
+
+async def stop(procs: list[asyncio.subprocess.Process]) -> None:
+    for proc in procs:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), 20)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def wait_healthy(nc: NATS, expected: int, logs: Path) -> None:
+    """Until ``expected`` generator instances have sent a healthy heartbeat."""
+    codec = Codec(Heartbeat)
+    healthy: set[str] = set()
+    ready = asyncio.Event()
+
+    async def on_beat(msg: Msg) -> None:
+        beat = codec.decode(msg.data)
+        if beat.healthy:
+            healthy.add(beat.instance)
+        if len(healthy) >= expected:
+            ready.set()
+
+    beats = await nc.subscribe(subjects.heartbeat("generator"), cb=on_beat)
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            await ready.wait()
+    except TimeoutError:
+        raise AssertionError(f"generators not healthy ({healthy}):\n{_tails(logs)}") from None
+    finally:
+        await beats.unsubscribe()
+
+
+def _tails(logs: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(logs.glob("*.log")))
+
+
+async def generate_all(nats_url: str, policy: Path, urls: list[str], logs: Path) -> list[Rollout]:
+    """TASKS tasks through two generator processes; the rollouts they publish."""
     got: list[Rollout] = []
     codec = Codec(Rollout)
 
     async def on_rollout(msg: Msg) -> None:
         got.append(codec.decode(msg.data))
 
-    engines = [RecordingEngine(urls) for _ in range(2)]
-    async with client(nats_url) as nc, AsyncExitStack() as stack:
-        for name, engine in zip(("gen-a", "gen-b"), engines, strict=True):
-            settings = generator_settings(nats_url, name, policy, urls)
-            await stack.enter_async_context(GeneratorService(settings, engine))
+    async with client(nats_url) as nc, generators(nats_url, policy, urls, logs) as procs:
+        await wait_healthy(nc, len(INSTANCES), logs)
         await nc.subscribe(subjects.rollouts(), cb=on_rollout)
         await nc.flush()
         for task in tasks():
             await nc.jetstream().publish(subjects.task(task.tier, task.domain), encode(task))
-        async with asyncio.timeout(90):
+        async with asyncio.timeout(120):
             while len(got) < TASKS * SAMPLES:
-                await asyncio.sleep(0.05)
-    return got, [served for engine in engines for served in engine.served]
+                assert all(p.returncode is None for p in procs), _tails(logs)
+                await asyncio.sleep(0.1)
+    return got
 
 
-def by_task(served: list[Served]) -> dict[str, list[Served]]:
-    """Requests grouped by task, in the order each engine recorded them: a request belongs
-    to the task whose first turn (the request for the whole group) its prompt extends."""
-    firsts = [s for s in served if s.n == SAMPLES]
-    groups: dict[str, list[Served]] = {first.key: [] for first in firsts}
-    for request in served:
-        [owner] = [f.key for f in firsts if request.prompt[: len(f.prompt)] == f.prompt]
-        groups[owner].append(request)
-    return groups
+def turns(rollout: Rollout) -> list[Segment]:
+    return [s for s in rollout.segments if s.kind == "gen"]
 
 
-def previous_prompt(requests: list[Served], index: int) -> int:
-    """Length of the longest earlier prompt that this one extends: the prompt of the
-    sample's previous turn (sent, and so recorded, before this one)."""
-    this = requests[index]
-    return max(
-        len(s.prompt)
-        for s in requests[:index]
-        if len(s.prompt) < len(this.prompt) and this.prompt[: len(s.prompt)] == s.prompt
-    )
-
-
-def cache_floors(groups: dict[str, list[Served]]) -> list[tuple[Served, int]]:
-    """Each later turn (one sample) with the prompt length its server has seen before."""
-    return [
-        (request, previous_prompt(requests, index))
-        for requests in groups.values()
-        for index, request in enumerate(requests)
-        if request.n == 1
-    ]
+def cache_floors(rollout: Rollout) -> list[tuple[Segment, int]]:
+    """Each later turn with the prompt length of the turn before it: everything the
+    server saw then, which its prefix cache should hold now."""
+    gen = turns(rollout)
+    return [(this, rollout.prompt_len + before.start) for before, this in itertools.pairwise(gen)]
 
 
 async def test_every_turn_of_a_task_hits_one_server_and_its_prefix_cache(
@@ -220,27 +237,26 @@ async def test_every_turn_of_a_task_hits_one_server_and_its_prefix_cache(
     sglang_second_server: SGLangServer,
     caller_policy: Path,
     tiny_model: Path,
+    tmp_path: Path,
 ) -> None:
     urls = [sglang_server.url, sglang_second_server.url]
     async with serving(urls, caller_policy, tiny_model):
-        rollouts, served = await generate_all(nats_url, caller_policy, urls)
+        rollouts = await generate_all(nats_url, caller_policy, urls, tmp_path)
 
     assert all(r.status is RolloutStatus.OK for r in rollouts), [r.error for r in rollouts]
     # The policy calls the tool: every sample had a second turn.
     assert all(len(r.tool_calls) >= 1 for r in rollouts), [r.completion_text for r in rollouts]
-    assert {r.generator for r in rollouts} == {"gen-a", "gen-b"}
-    groups = by_task(served)
-    assert set(groups) == {r.task.id for r in rollouts}
-    servers = {task: {r.server for r in requests} for task, requests in groups.items()}
+    assert {r.generator for r in rollouts} == set(INSTANCES), "both processes served"
+    servers: dict[str, set[str]] = defaultdict(set)
+    for rollout in rollouts:
+        servers[rollout.task.id] |= {s.server for s in turns(rollout)}
     assert all(len(found) == 1 for found in servers.values()), servers
     assert set.union(*servers.values()) == set(urls), "both servers used"
 
-    later = cache_floors(groups)
+    later = [pair for rollout in rollouts for pair in cache_floors(rollout)]
     assert len(later) >= TASKS * SAMPLES
-    for request, floor in later:
-        # At least everything up to the sample's previous turn came from this server's cache
+    for turn, floor in later:
+        # At least everything up to the previous turn came from this server's cache
         # (elsewhere only the system prompt would: measured 83 tokens of 98 on turn 2).
-        assert request.cached_tokens[0] >= floor > 0, (floor, request)
+        assert turn.cached_tokens >= floor > 0, (floor, turn)
     assert all(r.cached_prompt_tokens > 0 for r in rollouts)
-    # What routes them together: the task id on every request, as on the first.
-    assert all({r.key for r in requests} == {task} for task, requests in groups.items())

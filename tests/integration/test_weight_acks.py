@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -21,7 +20,7 @@ from protocol.client import TemperClient
 from protocol.codec import Codec, encode
 from protocol.messages import PolicyUpdate, StackStatus, WeightSyncAck
 from services.control import ControlService, ControlSettings
-from services.generator.service import DURABLE, GeneratorService
+from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.learner.acks import AckSettings, GeneratorReport, WeightAcks
 from services.model.tiny import TinyModelSpec, init_model
@@ -123,7 +122,7 @@ async def test_a_generator_cut_off_during_an_update_catches_up_when_it_reconnect
         generator = GeneratorService(generator_settings(proxy.url, tiny_model, "gen-cut"))
         async with generator:
             assert generator.version == 0
-            await _until_pulling(nc, DURABLE)
+            await _until_pulling(nc)
             await proxy.cut()
             await _until(lambda: not generator.bus.nc.is_connected)
             # Announced while the generator cannot hear it: only the stream keeps it.
@@ -195,18 +194,24 @@ class Proxy:
         sink.close()  # one side ended: end the other, as a dropped link would
 
 
-async def _until_pulling(nc: NATS, durable: str) -> None:
-    """Until every tier's consumer was seen waiting in a pull: the service's start-up
-    requests are answered, so a cut interrupts fetches, which recover, and nothing else."""
-    js = nc.jetstream()
-    waited: set[str] = set()
-    async with asyncio.timeout(30):
-        while len(waited) < len(streams.TASK_STREAMS):
-            for spec in streams.TASK_STREAMS:
-                with contextlib.suppress(nats.js.errors.NotFoundError):
-                    if (await js.consumer_info(spec.name, durable)).num_waiting:
-                        waited.add(spec.name)
-            await asyncio.sleep(0.01)
+async def _until_pulling(nc: NATS) -> None:
+    """Until every tier's intake was seen asking its stream for work (the generator polls
+    each tier stream's backlog): the service's start-up requests are answered, so a cut
+    interrupts intake, which recovers, and nothing else."""
+    asked: set[str] = set()
+    every = asyncio.Event()
+
+    async def on_info(msg: Msg) -> None:
+        asked.add(msg.subject.rsplit(".", 1)[-1])
+        if asked >= {spec.name for spec in streams.TASK_STREAMS}:
+            every.set()
+
+    sub = await nc.subscribe("$JS.API.STREAM.INFO.*", cb=on_info)
+    try:
+        async with asyncio.timeout(30):
+            await every.wait()
+    finally:
+        await sub.unsubscribe()
 
 
 def _lagging(status: StackStatus) -> dict[str, int | None]:

@@ -30,6 +30,7 @@ COMMANDS = (
     "dlq",
     "sandbox",
     "domains",
+    "domain",
     "model",
     "ledger",
     "report",

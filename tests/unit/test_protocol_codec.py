@@ -129,7 +129,14 @@ def test_plain_msgpack_sees_bin_for_bytes_and_str_for_enums() -> None:
     assert value["status"] == "invalid"
     assert value["task"]["type"] == "task"
     assert type(value["task"]["prompt_tokens"]) is bytes
-    assert value["segments"][1] == {"start": 6, "end": 9, "kind": "tool", "version": None}
+    assert value["segments"][1] == {
+        "start": 6,
+        "end": 9,
+        "kind": "tool",
+        "version": None,
+        "server": "",
+        "cached_tokens": 0,
+    }
     assert type(value["timings"]["total_s"]) is float
 
 

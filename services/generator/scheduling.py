@@ -1,0 +1,114 @@
+"""A generator's domain scheduling: fair share and quarantine, in-flight counts, and the
+``temper domain`` control requests that change them at run time.
+
+One :class:`DomainScheduler` per generator instance is shared by the intake of every
+tier (:mod:`services.generator.intake`), which asks it whom to take next, and by the
+task handler, which reports each task's start and its rollouts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from protocol.messages import DomainControl, DomainSchedule, DomainSchedules, Rollout, RolloutStatus
+from services.generator.agent import TOOL_FAILURE
+from services.generator.fairshare import FairShare
+from services.generator.intake import Fairness
+from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulingSettings:
+    #: Floor on a backlogged domain's share of its tier, whatever its weight.
+    min_share: float = 0.01
+    #: Hold domains whose tool infrastructure keeps failing (see quarantine.py).
+    quarantine: bool = True
+    quarantine_window_s: float = 300.0
+    quarantine_min_samples: int = 20
+    quarantine_threshold: float = 0.5
+    quarantine_probe_s: float = 60.0
+
+    def quarantine_settings(self) -> QuarantineSettings:
+        return QuarantineSettings(
+            window_s=self.quarantine_window_s,
+            min_samples=self.quarantine_min_samples,
+            threshold=self.quarantine_threshold,
+            probe_after_s=self.quarantine_probe_s,
+            max_probe_after_s=max(self.quarantine_probe_s, 15 * self.quarantine_probe_s),
+        )
+
+
+def infra_failure_of_domain(rollout: Rollout) -> bool:
+    """The domain's own infrastructure failed: its tools (the sandbox).  An engine failure
+    hits every domain alike and says nothing about this one."""
+    return rollout.status is RolloutStatus.INFRA_FAILURE and (rollout.error or "").startswith(
+        TOOL_FAILURE
+    )
+
+
+class DomainScheduler:
+    def __init__(
+        self,
+        settings: SchedulingSettings,
+        weights: Mapping[str, float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.share = FairShare(weights, min_share=settings.min_share)
+        self.quarantine = Quarantine(settings.quarantine_settings())
+        self.fairness = Fairness(share=self.share, quarantine=self.quarantine, clock=clock)
+        self._clock = clock
+        self._in_flight: Counter[str] = Counter()
+
+    def started(self, domain: str) -> None:
+        self._in_flight[domain] += 1
+
+    def finished(self, domain: str, rollouts: Iterable[Rollout]) -> None:
+        self._in_flight[domain] -= 1
+        if self._in_flight[domain] <= 0:
+            del self._in_flight[domain]
+        if not self.settings.quarantine:
+            return
+        now = self._clock()
+        for rollout in rollouts:
+            self.quarantine.record(domain, infra_failure=infra_failure_of_domain(rollout), now=now)
+
+    def control(self, request: DomainControl, instance: str) -> DomainSchedules:
+        applied = False
+        if request.domain and request.share_weight is not None:
+            self.share.set_weight(request.domain, request.share_weight)
+            applied = True
+        if request.domain and request.resume:
+            applied = self.quarantine.resume(request.domain) or applied
+        return DomainSchedules(instance=instance, applied=applied, domains=self.schedules())
+
+    def schedules(self) -> list[DomainSchedule]:
+        started = self.share.statistics().started
+        held = {q.domain: q for q in self.quarantine.quarantined()}
+        names = sorted({*started, *held, *self._in_flight})
+        return [
+            DomainSchedule(
+                domain=name,
+                state=self.quarantine.state(name).value,
+                share_weight=self.share.weight(name),
+                started=started.get(name, 0),
+                in_flight=self._in_flight.get(name, 0),
+                failure_rate=held[name].failure_rate if name in held else 0.0,
+            )
+            for name in names
+        ]
+
+    def held(self) -> list[str]:
+        return [q.domain for q in self.quarantine.quarantined()]
+
+    def statistics(self) -> dict[str, float]:
+        return {
+            "quarantined_domains": float(len(self.held())),
+            "domains_in_flight": float(len(self._in_flight)),
+        }
+
+    def state(self, domain: str) -> DomainState:
+        return self.quarantine.state(domain)

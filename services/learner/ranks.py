@@ -1,0 +1,298 @@
+"""The learner under torchrun: rank 0 is the whole learner service, the others follow it.
+
+Rank 0 alone talks to NATS (batches, commits, publication, heartbeats, statistics) and
+alone writes to ``OUT_DIR`` (ledger, checkpoints, weights).  Every other rank runs
+:class:`Follower`: no NATS, nothing written.  Rank 0 tells it what to do with
+:class:`RankMessage`\\ s, msgspec Structs encoded as MessagePack and broadcast as a byte
+tensor on a gloo group of their own (no pickle crosses the boundary):
+
+- ``Sync``, once rank 0 has resumed: every rank loads the optimizer state and position of
+  the checkpoint rank 0 names (``OUT_DIR`` must be one directory for every rank, as it
+  already is for the generators that load its weights), then takes rank 0's weights.
+  Loading beats broadcasting the optimizer state: its tensors exist only after a first
+  step, so a follower could not receive them into anything.
+- ``Train``: a batch, with rank 0's step and version (exports and lineage move them on
+  rank 0 only) and a checksum of its weights; a follower whose weights differ stops the
+  job instead of drifting.  Both ranks then take the same trainer step with ``parallel``.
+- ``Idle``: nothing to train; it keeps a follower's wait within the group's timeout.
+- ``Stop``: rank 0's service has stopped; the followers exit 0.
+
+Failure: every collective times out after ``rank_timeout_s``, so no rank waits forever on
+a peer that hangs; a rank that dies closes its connections, and torchrun (no restarts)
+then stops the others and exits non-zero.  Whoever runs torchrun starts it again; the job
+resumes from the newest checkpoint, and the ledger's leases make sure no rollout is
+trained twice or lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from protocol.codec import Codec
+from protocol.messages import ScoredRollout
+from services.learner.distributed import DataParallel, ParallelSettings
+from services.learner.service import LearnerService, LearnerSettings
+from services.learner.trainer import StepResult, Trainer
+from services.runtime.logs import get_logger
+
+_log = get_logger(component="ranks")
+_T = TypeVar("_T")
+
+
+class Sync(msgspec.Struct, tag="sync", frozen=True, kw_only=True):
+    #: The checkpoint rank 0 resumed from or saved last; empty when there is none.
+    checkpoint: str = ""
+
+
+class Train(msgspec.Struct, tag="train", frozen=True, kw_only=True):
+    step: int
+    version: int
+    #: Sum of rank 0's parameters before the step (float64).
+    checksum: float
+    items: list[ScoredRollout]
+
+
+class Idle(msgspec.Struct, tag="idle", frozen=True, kw_only=True):
+    pass
+
+
+class Stop(msgspec.Struct, tag="stop", frozen=True, kw_only=True):
+    reason: str = ""
+
+
+RankMessage = Sync | Train | Idle | Stop
+_MESSAGES: Codec[RankMessage] = Codec(RankMessage)
+
+
+class OutOfStep(RuntimeError):
+    """A follower's weights are not rank 0's: training on would make them drift apart."""
+
+    def __init__(self, rank: int, step: int, ours: float, theirs: float) -> None:
+        super().__init__(
+            f"rank {rank} is out of step before step {step + 1}: weight checksum "
+            f"{ours!r}, rank 0 has {theirs!r}"
+        )
+        self.rank = rank
+        self.step = step
+
+
+class Channel:
+    """Rank 0's messages to every other rank, over a gloo group (CPU tensors, even when the
+    gradients travel by NCCL)."""
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    @classmethod
+    def open(cls, timeout_s: float) -> Channel:
+        return cls(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
+
+    def send(self, message: RankMessage) -> None:
+        payload = _MESSAGES.encode(message)
+        dist.broadcast(torch.tensor([len(payload)], dtype=torch.int64), src=0, group=self._group)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        dist.broadcast(data, src=0, group=self._group)
+
+    def receive(self) -> RankMessage:
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.broadcast(size, src=0, group=self._group)
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(data, src=0, group=self._group)
+        return _MESSAGES.decode(data.numpy().tobytes())
+
+
+@torch.no_grad()
+def checksum(model: torch.nn.Module) -> float:
+    """Sum of every parameter in float64: equal on every rank while they are in step (the
+    ranks apply bit-identical updates), and cheap next to a step."""
+    sums = [p.detach().sum(dtype=torch.float64) for p in model.parameters()]
+    return float(torch.stack(sums).sum().item())
+
+
+class Leader:
+    """Rank 0's side, held by the learner service: every call runs in a worker thread."""
+
+    def __init__(self, parallel: DataParallel, channel: Channel, timeout_s: float) -> None:
+        self.parallel = parallel
+        self._channel = channel
+        #: An ``Idle`` goes out when rank 0 has said nothing for this long.
+        self._idle_every_s = timeout_s / 4
+        self._said_at = time.monotonic()
+        # A cancelled idle send may still run in its thread when ``stop`` sends: the lock
+        # keeps the broadcasts in order.
+        self._sending = threading.Lock()
+        #: A step failed part-way (a rank died): the weights may hold part of an update
+        #: that no ledger record covers, so they must not be checkpointed.
+        self.broken = False
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    def synchronise(self, trainer: Trainer) -> None:
+        """After rank 0 resumed: every rank loads the same checkpoint and rank 0's weights."""
+        path = trainer.checkpoint
+        self._send(Sync(checkpoint="" if path is None else str(path.resolve())))
+        self._guarded(lambda: self.parallel.prepare(trainer.model))
+
+    def train(self, trainer: Trainer, items: list[ScoredRollout]) -> StepResult:
+        message = Train(
+            step=trainer.step,
+            version=trainer.version,
+            checksum=checksum(trainer.model),
+            items=items,
+        )
+        self._send(message)
+        return self._guarded(lambda: trainer.train(items))
+
+    def idle(self) -> None:
+        if time.monotonic() - self._said_at >= self._idle_every_s:
+            self._send(Idle())
+
+    def stop(self, reason: str) -> None:
+        """The followers exit; a rank that is gone already is only logged."""
+        try:
+            self._send(Stop(reason=reason))
+        except Exception as error:  # the job is ending either way; torchrun reports it
+            _log.warning("rank_stop_failed", error=repr(error))
+
+    def _send(self, message: RankMessage) -> None:
+        with self._sending:
+            self._guarded(lambda: self._channel.send(message))
+            self._said_at = time.monotonic()
+
+    def _guarded(self, work: Callable[[], _T]) -> _T:
+        try:
+            return work()
+        except Exception:
+            self.broken = True
+            raise
+
+
+class Follower:
+    """A rank > 0: the trainer step rank 0 asks for, and nothing else."""
+
+    def __init__(self, settings: LearnerSettings, parallel: DataParallel, channel: Channel):
+        self.settings = settings
+        self.parallel = parallel
+        self._channel = channel
+        self._log = get_logger(component="follower", rank=parallel.rank)
+        self.steps = 0
+
+    def run(self) -> int:
+        settings = self.settings
+        config = settings.trainer_config()
+        trainer = Trainer(settings.model, settings.out_dir, config, settings.device, self.parallel)
+        return self.follow(trainer)
+
+    def follow(self, trainer: Trainer) -> int:
+        """Take rank 0's messages until it says stop; 0 then."""
+        while True:
+            message = self._channel.receive()
+            if isinstance(message, Stop):
+                self._log.info("rank_stopped", reason=message.reason, steps=self.steps)
+                return 0
+            if isinstance(message, Sync):
+                self._sync(trainer, message)
+            elif isinstance(message, Train):
+                self._train(trainer, message)
+
+    def _sync(self, trainer: Trainer, message: Sync) -> None:
+        if message.checkpoint:
+            trainer.load_checkpoint(Path(message.checkpoint))
+        self.parallel.prepare(trainer.model)
+        self._log.info("rank_synchronised", checkpoint=message.checkpoint or None)
+
+    def _train(self, trainer: Trainer, message: Train) -> None:
+        ours = checksum(trainer.model)
+        if ours != message.checksum:
+            raise OutOfStep(self.parallel.rank, message.step, ours, message.checksum)
+        trainer.step, trainer.version = message.step, message.version
+        before = self.parallel.micro_batches
+        result = trainer.train(message.items)
+        self.steps += 1
+        self._log.info(
+            "rank_step",
+            step=result.step,
+            samples=result.samples,
+            micro_batches=self.parallel.micro_batches - before,
+            skipped=result.skipped,
+        )
+
+
+def serve(
+    settings: LearnerSettings,
+    parallel: ParallelSettings,
+    run_service: Callable[[LearnerService], int],
+) -> int:
+    """Run this process's rank: the service on rank 0 (``run_service`` runs it until it
+    stops), a follower on the others.  Returns the exit status."""
+    settings = dataclasses.replace(settings, device=rank_device(settings.device, parallel))
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    group = DataParallel.start(parallel, settings.device, settings.rank_timeout_s)
+    _log.info("rank_started", rank=parallel.rank, world_size=parallel.world_size, pid=os.getpid())
+    try:
+        channel = Channel.open(settings.rank_timeout_s)
+        if parallel.rank == 0:
+            return _lead(settings, group, channel, run_service)
+        _follow_signals()
+        return Follower(settings, group, channel).run()
+    finally:
+        group.close()
+
+
+def _lead(
+    settings: LearnerSettings,
+    group: DataParallel,
+    channel: Channel,
+    run_service: Callable[[LearnerService], int],
+) -> int:
+    leader = Leader(group, channel, settings.rank_timeout_s)
+    service = LearnerService(settings)
+    service.ranks = leader
+    code = 1
+    try:
+        code = run_service(service)
+    finally:
+        if not leader.broken:
+            leader.stop("rank 0 stopped" if code == 0 else f"rank 0 exits {code}")
+    return code
+
+
+def _follow_signals() -> None:
+    """torchrun passes SIGTERM (and a terminal SIGINT) to every rank at once.  A follower
+    keeps going: rank 0 finishes its step, which needs every rank, then sends ``Stop``;
+    should rank 0 be gone instead, the broken connection or torchrun's kill ends it."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _noted)
+
+
+def _noted(signum: int, _frame: object) -> None:
+    _log.info("rank_signal_deferred", signal=signal.Signals(signum).name)
+
+
+def rank_device(device: str, parallel: ParallelSettings) -> str:
+    """A CUDA learner takes its local rank's GPU; a CPU one stays on the CPU."""
+    return parallel.device() if torch.device(device).type == "cuda" else device
+
+
+def torchrun_command(nproc: int) -> list[str]:
+    """``temper serve learner --nproc N``: torchrun on this host, N ranks."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", "-m", "services", "serve", "learner",
+    ]  # fmt: skip

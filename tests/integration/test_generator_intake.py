@@ -1,0 +1,142 @@
+"""Fair intake on a real nats-server: per-domain durables of a tier stream, taken in weighted
+fair share, a quarantined domain's tasks held in the stream, and the tier-wide durable of
+FIFO intake retired without losing its unacknowledged tasks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from protocol import streams, subjects
+from protocol.codec import Codec, encode
+from protocol.messages import ChatMessage, Task
+from services.generator.fairshare import FairShare
+from services.generator.intake import (
+    DURABLE,
+    DomainSource,
+    Fairness,
+    domain_durable,
+    retire_tier_durable,
+)
+from services.generator.quarantine import Quarantine, QuarantineSettings
+from services.runtime.jetstream import ConsumerSpec, ensure_consumer, ensure_streams
+from tests.integration.support import client
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TIER = 1
+STREAM = streams.TASK_STREAMS[TIER].name
+SPEC = ConsumerSpec(stream=STREAM, durable=DURABLE, ack_wait_s=30, max_deliver=5)
+TASKS: Codec[Task] = Codec(Task)
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[NATS]:
+    async with client(nats_url) as conn:
+        await ensure_streams(conn.jetstream(), streams.TASK_STREAMS)
+        yield conn
+
+
+async def publish(js: JetStreamContext, domain: str, count: int) -> None:
+    for i in range(count):
+        task = Task(
+            id=f"{domain}-{i}", domain=domain, prompt=[ChatMessage(role="user", content=str(i))]
+        )
+        await js.publish(subjects.task(TIER, domain), encode(task))
+
+
+async def take(source: DomainSource, count: int) -> list[Msg]:
+    """``count`` tasks, one fetch at a time as a busy generator takes them; each acked."""
+    got: list[Msg] = []
+    while len(got) < count:
+        batch = await source.fetch(1, 1.0)
+        assert batch, f"nothing to fetch after {len(got)}"
+        for msg in batch:
+            await msg.ack()
+        got.extend(batch)
+    return got
+
+
+def domains(msgs: list[Msg]) -> Counter[str]:
+    return Counter(TASKS.decode(m.data).domain for m in msgs)
+
+
+async def test_a_ten_to_one_flood_does_not_starve_the_other_domain(nc: NATS) -> None:
+    js = nc.jetstream()
+    await publish(js, "flood", 200)
+    await publish(js, "quiet", 20)  # behind the whole flood in stream order
+    fair = Fairness(share=FairShare({"quiet": 1.0, "flood": 1.0}), quarantine=Quarantine())
+    source = DomainSource(nc, js, SPEC, TIER, fair)
+    try:
+        first = await take(source, 40)
+    finally:
+        assert await source.close() == []
+    assert domains(first) == {"flood": 20, "quiet": 20}
+    names = {c.name for c in await js.consumers_info(STREAM)}
+    assert names == {domain_durable("flood"), domain_durable("quiet")}
+
+
+async def test_weights_set_the_shares(nc: NATS) -> None:
+    js = nc.jetstream()
+    await publish(js, "heavy", 60)
+    await publish(js, "light", 60)
+    fair = Fairness(share=FairShare({"heavy": 3.0, "light": 1.0}), quarantine=Quarantine())
+    source = DomainSource(nc, js, SPEC, TIER, fair)
+    try:
+        got = await take(source, 40)
+    finally:
+        await source.close()
+    assert domains(got) == {"heavy": 30, "light": 10}
+
+
+async def test_a_quarantined_domain_is_held_in_the_stream_until_its_probe(nc: NATS) -> None:
+    js = nc.jetstream()
+    await publish(js, "broken", 10)
+    await publish(js, "fine", 10)
+    now = [1000.0]
+    quarantine = Quarantine(QuarantineSettings(min_samples=3, probe_after_s=60.0))
+    for _ in range(3):
+        quarantine.record("broken", infra_failure=True, now=now[0])
+    fair = Fairness(share=FairShare(), quarantine=quarantine, clock=lambda: now[0])
+    source = DomainSource(nc, js, SPEC, TIER, fair)
+    try:
+        assert domains(await take(source, 10)) == {"fine": 10}
+        assert await source.fetch(1, 0.0) == []
+        info = await js.stream_info(STREAM, subjects_filter=subjects.task_tier(TIER))
+        assert info.state.subjects == {subjects.task(TIER, "broken"): 10}, "held, not dropped"
+        now[0] += 60.0
+        [probe] = await source.fetch(5, 0.0)  # one probe, nothing more until it reports
+        await probe.ack()
+        assert await source.fetch(5, 0.0) == []
+        quarantine.record("broken", infra_failure=False, now=now[0])
+        assert domains(await take(source, 9)) == {"broken": 9}
+    finally:
+        await source.close()
+
+
+async def test_the_tier_wide_durable_is_retired_and_its_tasks_still_served(
+    nc: NATS,
+) -> None:
+    """Upgrading from FIFO intake: the old durable had a task in flight when it stopped."""
+    js = nc.jetstream()
+    await ensure_consumer(js, SPEC)
+    await publish(js, "math", 3)
+    old = await js.pull_subscribe_bind(DURABLE, STREAM)
+    [unacked] = await old.fetch(1, timeout=2)
+    assert TASKS.decode(unacked.data).id == "math-0"
+    await old.unsubscribe()
+
+    assert await retire_tier_durable(js, STREAM)
+    assert not await retire_tier_durable(js, STREAM)
+    assert DURABLE not in {c.name for c in await js.consumers_info(STREAM)}
+    source = DomainSource(nc, js, SPEC, TIER, Fairness(share=FairShare(), quarantine=Quarantine()))
+    try:
+        got = await take(source, 3)
+    finally:
+        await source.close()
+    assert sorted(TASKS.decode(m.data).id for m in got) == ["math-0", "math-1", "math-2"]

@@ -1,0 +1,204 @@
+"""Scheduling in the generator service over a real nats-server: fair share between domains
+under a 10:1 flood (torch engine), and a domain quarantined while its sandbox fails,
+held in its stream, then resumed by a probe once a real sandbox service (Docker) is up.
+
+The quarantine test's engine is a test double at the model boundary (a random tiny model
+writes no tool calls, and the tool path is the point): it calls the python tool on a
+task's first turn and answers after the tool's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from protocol import streams, subjects
+from protocol.client import TemperClient
+from protocol.messages import ChatMessage, DomainControl, RolloutStatus, SamplingParams, Task
+from services.generator.engine import EngineStatistics, GenerateRequest, Sample
+from services.generator.scheduling import SchedulingSettings
+from services.generator.service import GeneratorService
+from services.model.tokens import ChatTokenizer
+from services.runtime.jetstream import ensure_streams
+from services.runtime.settings import RuntimeSettings
+from services.sandbox.service import SandboxService
+from services.sandbox.settings import Limits, SandboxSettings
+from tests.integration import test_generator_service
+from tests.integration.test_generator_service import RolloutTap, _settings, _submit
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TIER = 1
+
+
+def _task(task_id: str, domain: str, *, tools: tuple[str, ...] = ()) -> Task:
+    return Task(
+        id=task_id,
+        domain=domain,
+        tier=TIER,
+        prompt=[ChatMessage(role="user", content=f"Say {task_id}.")],
+        sampling=SamplingParams(max_tokens=4, seed=1),
+        tools=list(tools),
+        max_turns=2,
+    )
+
+
+#: The generator service tests' fixtures: a client connection, and a tap on every rollout.
+nc = test_generator_service.nc
+tap = test_generator_service.tap
+
+
+async def test_a_ten_to_one_flood_does_not_starve_the_quiet_domain(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    js = nc.jetstream()
+    await ensure_streams(js, streams.ALL)
+    # The flood is in the stream first: in stream order the quiet domain would come last.
+    for i in range(100):
+        await _submit(js, _task(f"flood-{i}", "flood"))
+    for i in range(10):
+        await _submit(js, _task(f"quiet-{i}", "quiet"))
+    async with GeneratorService(_settings(nats_url, tiny_model)) as service:
+        await tap.wait(20, timeout_s=120)
+        first = [r.task.domain for r in tap.got[:20]]
+        schedules = service.scheduler.schedules()
+    # Equal weights: half of the starts each while both wait (in flight: 2 at a time).
+    assert 8 <= first.count("quiet") <= 12, first
+    assert {s.domain for s in schedules} >= {"flood", "quiet"}
+
+
+class ToolCaller:
+    """Test double at the model boundary: the first turn of a task calls the python tool
+    (a task without tools simply ends there); a later turn answers."""
+
+    name = "tool-caller"
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._seen: set[str] = set()
+        body = {"name": "python", "arguments": {"code": "print(6 * 7)"}}
+        self._call = tokenizer.encode(f"<tool_call>{json.dumps(body)}</tool_call>")
+        end = tokenizer.tool_call_end_id
+        if end is not None and self._call[-1] != end:
+            self._call.append(end)
+        self._answer = tokenizer.encode("<answer>42</answer>") + list(tokenizer.eos_ids)
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        later = request.trajectory_id in self._seen
+        self._seen.add(request.trajectory_id)
+        ids = self._answer if later else self._call
+        return [
+            Sample(output_ids=list(ids), logprobs=[-0.5] * len(ids), finish="stop",
+                   cached_tokens=0, version=0)
+            for _ in range(request.n)
+        ]  # fmt: skip
+
+    async def load_weights(self, version: int, source: str) -> None:
+        return None
+
+    async def healthy(self) -> bool:
+        return True
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics()
+
+
+def _sandbox_settings(nats_url: str, image: str, tmp_path: Path) -> SandboxSettings:
+    return SandboxSettings(
+        runtime=RuntimeSettings(nats_url=nats_url, instance="sched-sandbox", grace_s=5),
+        backend="docker",
+        image=image,
+        pool_size=1,
+        # AF_UNIX paths are short: keep the sockets out of pytest's long tmp paths.
+        state_dir=Path(tempfile.mkdtemp(prefix="tgs-")),
+        snapshot_dir=tmp_path / "snapshots",
+        defaults=Limits(timeout_s=10.0, memory_mb=128, pids=64, output_bytes=65536, disk_mb=16),
+    )
+
+
+async def _held(nc: NATS, domain: str) -> int:
+    info = await nc.jetstream().stream_info(
+        streams.TASK_STREAMS[TIER].name, subjects_filter=subjects.task(TIER, domain)
+    )
+    return sum((info.state.subjects or {}).values())
+
+
+async def test_a_domain_whose_sandbox_fails_is_held_then_resumed_by_a_probe(
+    nats_url: str,
+    nc: NATS,
+    tap: RolloutTap,
+    tiny_model: Path,
+    sandbox_image: str,
+    tmp_path: Path,
+) -> None:
+    scheduling = SchedulingSettings(
+        quarantine_min_samples=4, quarantine_threshold=0.5, quarantine_probe_s=1.0
+    )
+    settings = _settings(
+        nats_url, tiny_model, tools="sandbox", tool_timeout_s=10.0, scheduling=scheduling
+    )
+    engine = ToolCaller(ChatTokenizer.load(tiny_model))
+    js = nc.jetstream()
+    async with (
+        GeneratorService(settings, engine) as service,
+        await TemperClient.connect(nats_url) as temper,
+    ):
+        # No sandbox service yet: every tool call of "tooly" fails on the infrastructure.
+        for i in range(12):
+            await _submit(js, _task(f"tooly-{i}", "tooly", tools=("python",)))
+        for i in range(6):
+            await _submit(js, _task(f"plain-{i}", "plain"))
+        async with asyncio.timeout(60):
+            while not ("tooly" in service.scheduler.held() and len(tap.got) >= 10):
+                await asyncio.sleep(0.1)
+        [answer] = await temper.domain_control()
+        states = {d.domain: d.state for d in answer.domains}
+        assert states["tooly"] in ("quarantined", "probing") and states["plain"] == "active"
+        failed = [r for r in tap.got if r.task.domain == "tooly"]
+        assert failed and all(r.status is RolloutStatus.INFRA_FAILURE for r in failed)
+        assert len(failed) < 12 and await _held(nc, "tooly") > 0, "held in the stream"
+        assert "quarantined=tooly" in service.health()[1]
+        assert service.statistics()["quarantined_domains"] == 1.0
+
+        async with SandboxService(_sandbox_settings(nats_url, sandbox_image, tmp_path)):
+            # Probes back off (1 s, 2 s, 4 s, ...) until one finds the sandbox working.
+            async with asyncio.timeout(120):
+                while len([r for r in tap.got if r.task.domain == "tooly"]) < 12:
+                    await asyncio.sleep(0.2)
+    tooly = [r for r in tap.got if r.task.domain == "tooly"]
+    recovered = tooly[len(failed) :]
+    assert recovered and all(r.status is RolloutStatus.OK for r in recovered[-3:])
+    assert "tooly" not in service.scheduler.held()
+    assert {r.task.domain for r in tap.got} == {"tooly", "plain"}
+    assert sum(r.task.domain == "plain" for r in tap.got) == 6
+
+
+async def test_domain_control_sets_weights_and_resumes_at_run_time(
+    nats_url: str, tiny_model: Path
+) -> None:
+    async with (
+        GeneratorService(_settings(nats_url, tiny_model)) as service,
+        await TemperClient.connect(nats_url) as temper,
+    ):
+        [weighted] = await temper.domain_control(DomainControl(domain="maths", share_weight=4.0))
+        [resumed] = await temper.domain_control(DomainControl(domain="maths", resume=True))
+        now = service.scheduler.fairness.clock()
+        for _ in range(20):
+            service.scheduler.quarantine.record("maths", infra_failure=True, now=now)
+        [held] = await temper.domain_control()
+        [lifted] = await temper.domain_control(DomainControl(domain="maths", resume=True))
+    assert weighted.applied and service.scheduler.share.weight("maths") == 4.0
+    assert not resumed.applied, "nothing to resume"
+    assert [d.state for d in held.domains if d.domain == "maths"] == ["quarantined"]
+    assert lifted.applied and service.scheduler.held() == []

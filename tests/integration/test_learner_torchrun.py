@@ -1,0 +1,234 @@
+"""The learner service under torchrun (two CPU ranks, gloo, loopback) against a real
+nats-server and replay buffer: rank 0 serves, rank 1 follows and takes part in every
+step; a clean stop ends both ranks; ``kill -9`` of either rank ends the job in bounded
+time, and the restarted job trains every rollout exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol import subjects
+from protocol.codec import Codec
+from protocol.messages import Stats
+from services.learner.ledger_check import LedgerReport, check
+from services.replay.service import ReplayService, ReplaySettings
+from tests.integration.chaos import policy_updates
+from tests.integration.support import client, runtime
+from tests.integration.test_replay_service import _publish
+from tests.integration.test_supervisor import alive
+from tests.unit.test_replay_buffer import scored
+
+REPO = Path(__file__).resolve().parents[2]
+#: Eight samples a step in micro-batches of two: four micro-batches, two for each rank.
+BATCH = 8
+#: torchrun gives a stopping rank 30 s before it kills it; the rest is start-up slack.
+EXIT_BOUND_S = 60.0
+
+
+@dataclass
+class Job:
+    """One ``temper serve learner --nproc 2`` (torchrun and its two ranks)."""
+
+    proc: asyncio.subprocess.Process
+    log: Path
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines of both ranks (torchrun's own lines are not JSON)."""
+        out = []
+        for raw in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                line = json.loads(raw)
+                if isinstance(line, dict):
+                    out.append(line)
+        return out
+
+    def events(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        return [
+            line
+            for line in self.lines()
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())
+        ]
+
+    async def pid(self, rank: int) -> int:
+        async with asyncio.timeout(120):
+            while not (found := self.events("rank_started", rank=rank)):
+                await asyncio.sleep(0.2)
+        return int(found[-1]["pid"])
+
+    async def wait(self, timeout_s: float) -> int:
+        async with asyncio.timeout(timeout_s):
+            return await self.proc.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+def _env(nats_url: str, model: Path, out: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TEMPER_NATS_URL": nats_url,
+        # One instance name across restarts, as a supervisor gives it.
+        "TEMPER_INSTANCE": "learner-torchrun",
+        "TEMPER_STATS_S": "0.5",
+        "TEMPER_HEARTBEAT_S": "1",
+        "TEMPER_LEARNER_MODEL": str(model),
+        "TEMPER_LEARNER_OUT_DIR": str(out),
+        "TEMPER_LEARNER_BATCH_SIZE": str(BATCH),
+        "TEMPER_LEARNER_MICRO_BATCH": "2",
+        "TEMPER_LEARNER_MIN_SAMPLES": "2",
+        "TEMPER_LEARNER_SAMPLE_WAIT_S": "0.3",
+        "TEMPER_LEARNER_CHECKPOINT_EVERY": "3",
+        "TEMPER_LEARNER_TENSORBOARD": "false",
+        "TEMPER_LEARNER_THREADS": "1",
+        "TEMPER_LEARNER_RANK_TIMEOUT_S": "60",
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+
+
+@contextlib.asynccontextmanager
+async def _job(nats_url: str, model: Path, out: Path, name: str) -> AsyncIterator[Job]:
+    """torchrun in a session of its own, so that whatever is left of it at the end (a
+    failed test) is ended with it."""
+    log = out.parent / f"{name}.log"
+    command = [sys.executable, "-m", "services", "serve", "learner", "--nproc", "2"]
+    with log.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            cwd=REPO,
+            env=_env(nats_url, model, out),
+            stdout=sink,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    job = Job(proc, log)
+    try:
+        yield job
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def _replay(nats_url: str) -> AsyncIterator[ReplayService]:
+    # Re-served rollouts are old by then: staleness must not drop them in this test.
+    settings = ReplaySettings(
+        runtime=runtime(nats_url, instance="replay-torchrun"), max_staleness=100_000, ack_wait_s=5
+    )
+    replay = ReplayService(settings)
+    async with replay:
+        yield replay
+
+
+async def _feed(nats_url: str, groups: range) -> set[str]:
+    items = [scored(f"g{group}", index) for group in groups for index in (0, 1)]
+    async with client(nats_url) as nc:
+        await _publish(nc, items)
+    return {item.id for item in items}
+
+
+def _ledger(out: Path) -> Path:
+    return out / "ledger.jsonl"
+
+
+def _steps(out: Path) -> int:
+    path = _ledger(out)
+    return path.read_text().count('"kind":"step"') if path.exists() else 0
+
+
+async def _until_trained(out: Path, wanted: set[str], job: Job) -> LedgerReport:
+    async with asyncio.timeout(180):
+        while True:
+            assert job.proc.returncode is None, f"the job ended early:\n{job.tail()}"
+            if _ledger(out).exists():
+                report = check(_ledger(out))
+                if report.trained_ids >= wanted:
+                    return report
+            await asyncio.sleep(0.5)
+
+
+async def _stats(nats_url: str) -> Stats:
+    codec: Codec[Stats] = Codec(Stats)
+    async with client(nats_url) as nc:
+        sub = await nc.subscribe(subjects.stats("learner"))
+        stats = codec.decode((await sub.next_msg(timeout=10)).data)
+        await sub.unsubscribe()
+    return stats
+
+
+async def _stop(job: Job) -> int:
+    """SIGTERM to torchrun, as a supervisor stops it."""
+    job.proc.send_signal(signal.SIGTERM)
+    return await job.wait(EXIT_BOUND_S)
+
+
+@pytest.mark.timeout(300)
+async def test_two_ranks_serve_train_publish_and_stop(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "learner"
+    async with _replay(nats_url), _job(nats_url, tiny_model, out, "serve") as job:
+        wanted = await _feed(nats_url, range(16))
+        follower = await job.pid(1)
+        leader = await job.pid(0)
+        await _until_trained(out, wanted, job)
+        stats = await _stats(nats_url)
+        assert stats.values["world_size"] == 2.0
+        await _stop(job)
+        assert not alive(leader) and not alive(follower), "a clean stop ends every rank"
+        steps = check(_ledger(out)).steps
+        taken = job.events("rank_step", rank=1)
+        assert [line["step"] for line in taken] == list(range(1, steps + 1)), job.tail()
+        assert all(line["micro_batches"] == 2 for line in taken), taken
+        assert job.events("rank_stopped", rank=1, steps=steps), job.tail()
+    updates = await policy_updates(nats_url)
+    assert [u.version for u in updates] == list(range(1, steps + 1))
+    report = check(_ledger(out))
+    assert report.trained_ids == wanted and report.ok, report.summary()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("rank", [1, 0])
+async def test_killed_rank_ends_the_job_and_the_restart_trains_each_rollout_once(
+    rank: int, nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "learner"
+    async with _replay(nats_url):
+        wanted = await _feed(nats_url, range(40))
+        async with _job(nats_url, tiny_model, out, "killed") as job:
+            victim, other = await job.pid(rank), await job.pid(1 - rank)
+            async with asyncio.timeout(120):
+                while _steps(out) < 4:
+                    assert job.proc.returncode is None, job.tail()
+                    await asyncio.sleep(0.1)
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            code = await job.wait(EXIT_BOUND_S)
+            print(f"torchrun exited {code} {time.monotonic() - killed:.1f}s after the kill")
+            assert code != 0
+            assert not alive(other), "the other rank ended with the job"
+        before = check(_ledger(out))
+        assert before.trained_ids < wanted, "the kill came after the last step: nothing to resume"
+        async with _job(nats_url, tiny_model, out, "restarted") as job:
+            await _until_trained(out, wanted, job)
+            await _stop(job)
+            [synced] = job.events("rank_synchronised", rank=1)
+            assert synced["checkpoint"], "rank 1 resumed from rank 0's checkpoint"
+    report = check(_ledger(out))
+    assert report.trained_ids == wanted, report.summary()
+    assert report.trained_twice == [] and report.lost == [] and report.version_errors == []
+    assert report.uncommitted == [] and report.resumes >= 1, report.summary()
