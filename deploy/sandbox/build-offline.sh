@@ -4,7 +4,8 @@
 #   as temper-sandbox-base:<hash1> -> `docker build -f Dockerfile.offline` with the agent on top
 #   as temper-sandbox:<hash2>, also tagged temper-sandbox:latest.
 #
-# hash1 covers this script and packages.txt; hash2 also covers Dockerfile.offline and the agent.
+# hash1 covers this script and packages.txt; hash2 also covers Dockerfile.offline and every
+# file of the agent package (names and contents).
 # Every step is skipped when its output exists, so a second run takes seconds.
 #
 # Usage: build-offline.sh [--print-tag]
@@ -29,7 +30,7 @@ repo="$(cd "$here/../.." && pwd)"
 script="$here/$(basename "${BASH_SOURCE[0]}")"
 packages_file="$here/packages.txt"
 dockerfile="$here/Dockerfile.offline"
-agent="$repo/services/sandbox/agent.py"
+agent_dir="$repo/services/sandbox/agent"
 cache_dir="${TEMPER_CACHE_DIR:-/var/cache/temper}"
 
 log() { printf 'build-offline: %s\n' "$*" >&2; }
@@ -37,6 +38,20 @@ die() { log "error: $*"; exit 1; }
 missing() { log "error: $*"; exit "$EXIT_PREREQ"; }
 
 content_hash() { cat "$@" | sha256sum | cut -c1-16; }
+
+# The agent package's source files, sorted, relative to its directory (bytecode caches left out).
+agent_files() {
+  (cd "$agent_dir" && find . -type f -name '*.py' ! -path '*/__pycache__/*' | LC_ALL=C sort)
+}
+
+# Each file's name and contents, so that a rename changes the hash too.
+agent_hash() {
+  local f
+  agent_files | while read -r f; do
+    printf '%s\0' "$f"
+    cat "$agent_dir/$f"
+  done | sha256sum | cut -c1-16
+}
 
 # Package names from packages.txt: comments and blank lines dropped, comma separated.
 package_list() {
@@ -157,7 +172,11 @@ build_image() {
   # shellcheck disable=SC2064
   trap "rm -rf '$context'" EXIT
   cp "$dockerfile" "$context/Dockerfile"
-  cp "$agent" "$context/agent.py"
+  mkdir "$context/agent"
+  agent_files | while read -r f; do
+    mkdir -p "$context/agent/$(dirname "$f")"
+    cp "$agent_dir/$f" "$context/agent/$f"
+  done
   log "docker build -> $tag"
   docker build --build-arg "BASE=$base" --label "org.temper.sandbox.inputs=$hash" \
     -t "$tag" "$context" >&2
@@ -176,10 +195,11 @@ main() {
     --print-tag) print_tag=1 ;;
     *) die "usage: $0 [--print-tag]" ;;
   esac
-  [[ -f "$agent" ]] || die "agent not found at $agent"
+  [[ -f "$agent_dir/__main__.py" ]] || die "agent package not found at $agent_dir"
   local base_hash image_hash base tag tar
   base_hash="$(content_hash "$script" "$packages_file")"
-  image_hash="$(content_hash "$script" "$packages_file" "$dockerfile" "$agent")"
+  image_hash="$(printf '%s\n' "$base_hash" "$(content_hash "$dockerfile")" "$(agent_hash)" \
+    | sha256sum | cut -c1-16)"
   base="$BASE_IMAGE:$base_hash"
   tag="$IMAGE:$image_hash"
   if [[ "$print_tag" -eq 1 ]]; then

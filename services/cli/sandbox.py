@@ -16,7 +16,17 @@ from protocol.errors import DecodeError
 from protocol.messages import ErrorReply, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
 from services.cli.common import CliError, connect, emit_json, run
 
-_BY_SUFFIX = {".py": "python", ".sh": "bash", ".bash": "bash", ".c": "c"}
+_BY_SUFFIX = {
+    ".py": "python",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".c": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".js": "js",
+    ".scad": "openscad",
+}
 _REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorReply)
 
 
@@ -28,10 +38,25 @@ def register(commands: Any) -> None:
         "file", nargs="?", type=Path, help="source file (language from its suffix)"
     )
     execute.add_argument("-c", "--code", help="source code to run")
-    execute.add_argument("--lang", help="language (default: from the file suffix, else python)")
+    execute.add_argument(
+        "--lang",
+        help="python, bash, sh, c, cpp, js, openscad (default: by file suffix, else python)",
+    )
     execute.add_argument("--stdin", type=Path, help="file to feed on standard input")
     execute.add_argument("--timeout", type=float, help="seconds (default: the service's)")
-    execute.add_argument("--memory-mb", type=int, help="memory limit (default: the service's)")
+    execute.add_argument("--memory-mb", type=int, help="memory limit (default: the language's)")
+    execute.add_argument("--pids", type=int, help="process limit (default: the language's)")
+    execute.add_argument(
+        "--fetch",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a work-directory file to bring back once the run is over (e.g. out.stl of an"
+        " openscad run), saved under its own name in --fetch-dir; repeatable",
+    )
+    execute.add_argument(
+        "--fetch-dir", type=Path, default=Path("."), help="where fetched files go (default: .)"
+    )
     execute.add_argument("--json", action="store_true", help="print the SandboxResult as JSON")
     execute.set_defaults(run=cmd_exec)
 
@@ -44,18 +69,23 @@ def build_request(args: argparse.Namespace) -> SandboxExec:
     code = args.code if args.code is not None else args.file.read_text()
     language = args.lang or (_BY_SUFFIX.get(args.file.suffix, "python") if args.file else "python")
     stdin = args.stdin.read_bytes() if args.stdin else b""
-    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+    limits = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb, pids=args.pids)
     return SandboxExec(
-        id=uuid.uuid4().hex, language=language, code=code, stdin=stdin, limits=limits
+        id=uuid.uuid4().hex,
+        language=language,
+        code=code,
+        stdin=stdin,
+        limits=limits,
+        outputs=list(args.fetch),
     )
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
     request = build_request(args)
-    return run(lambda: _exec(args.nats_url, request, args.json))
+    return run(lambda: _exec(args.nats_url, request, args.json, args.fetch_dir))
 
 
-async def _exec(url: str, request: SandboxExec, as_json: bool) -> int:
+async def _exec(url: str, request: SandboxExec, as_json: bool, fetch_dir: Path) -> int:
     nc = await connect(url, "temper-sandbox")
     wait = (request.limits.timeout_s or 120.0) + 30.0
     try:
@@ -70,7 +100,20 @@ async def _exec(url: str, request: SandboxExec, as_json: bool) -> int:
     if isinstance(result, ErrorReply):
         field = f" (at {result.field})" if result.field else ""
         raise CliError(f"refused: {result.message}{field}", 2)
+    _save_outputs(result, request.outputs, fetch_dir)
     return _show(result, as_json)
+
+
+def _save_outputs(result: SandboxResult, wanted: list[str], into: Path) -> None:
+    """Each fetched file into ``into`` under its own name."""
+    for path in wanted:
+        data = result.outputs.get(path)
+        if data is None:
+            print(f"[{path}: not left by the run, or over the output limit]", file=sys.stderr)
+            continue
+        target = into / Path(path).name
+        target.write_bytes(data)
+        print(f"[{path}: {len(data)} bytes saved to {target}]", file=sys.stderr)
 
 
 def _show(result: SandboxResult, as_json: bool) -> int:

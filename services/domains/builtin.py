@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from services.domains import arithmetic, doc_qa, jsonl, python_functions, tool_use, word_problems
+from services.domains import (
+    arithmetic,
+    compiled_functions,
+    doc_qa,
+    jsonl,
+    python_functions,
+    tool_use,
+    word_problems,
+)
 from services.domains.api import Domain
 
 #: ``(name, params) -> Domain``: how a config file's ``kind`` becomes a domain.
@@ -15,6 +23,7 @@ KINDS: Final[Mapping[str, Kind]] = {
     "arithmetic": arithmetic.domain,
     "word_problems": word_problems.domain,
     "python_functions": python_functions.domain,
+    "compiled_functions": compiled_functions.domain,
     "doc_qa": doc_qa.domain,
     "tool_use": tool_use.domain,
     "jsonl": jsonl.domain,

@@ -1,1 +1,1 @@
-"""Sandbox pool: isolated execution of model-written code (see services/sandbox/agent.py)."""
+"""Sandbox pool: isolated execution of model-written code (see services/sandbox/agent/)."""

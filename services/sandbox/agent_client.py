@@ -2,7 +2,7 @@
 
 The wire format (4-byte big-endian length + a UTF-8 JSON object, request/response in
 sequence) and the semantics of each op are documented at the top of
-``services/sandbox/agent.py``.  This module turns it into typed calls:
+``services/sandbox/agent/protocol.py``.  This module turns it into typed calls:
 
     client = await AgentClient.connect(path, timeout_s=5.0)   # waits for the socket
     reply = await client.exec(ExecRequest(id="1", code="print(1)"), timeout_s=15.0)
@@ -106,6 +106,8 @@ class ExecRequest:
     output_bytes: int = 1024 * 1024
     env: Mapping[str, str] = field(default_factory=dict)
     limits: ExecLimits | None = None
+    #: Workdir files the reply carries back once the run is over (within output_bytes).
+    outputs: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if (self.code is None) == (self.argv is None):
@@ -132,6 +134,7 @@ class ExecRequest:
             "output_bytes": self.output_bytes,
             "env": dict(self.env),
             "limits": limits,
+            "outputs": list(self.outputs),
         }
 
 
@@ -149,6 +152,8 @@ class ExecReply:
     stderr_truncated: bool
     duration_s: float
     error: str | None
+    #: The requested outputs that exist as regular files and fit: relative path -> content.
+    outputs: Mapping[str, bytes] = field(default_factory=dict)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> ExecReply:
@@ -164,6 +169,7 @@ class ExecReply:
             stderr_truncated=_typed(d["stderr_truncated"], bool),
             duration_s=float(_typed(d["duration_s"], (int, float))),
             error=_optional(d["error"], str),
+            outputs=_outputs(d.get("outputs_b64") or {}),
         )
 
 
@@ -176,6 +182,13 @@ def _frame(path: str, op: str, payload: dict[str, Any]) -> bytes:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _outputs(raw: Any) -> dict[str, bytes]:
+    return {
+        _typed(path, str): base64.b64decode(_typed(data, str), validate=True)
+        for path, data in _typed(raw, dict).items()
+    }
 
 
 def _typed(value: Any, kind: type | tuple[type, ...]) -> Any:

@@ -27,7 +27,8 @@ from services.sandbox.limits import container_shape
 from services.sandbox.pool import WarmPool, failed
 from services.sandbox.settings import Limits, SandboxSettings
 
-AGENT_PATH = Path(agent_module.__file__).resolve()
+#: The agent's package directory: ``python3 <it>`` runs the agent.
+AGENT_PATH = Path(agent_module.__file__).resolve().parent
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/alternatives")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -125,7 +126,7 @@ class LocalBackend(WarmPool):
             *binds,
             "--ro-bind",
             str(AGENT_PATH),
-            "/opt/temper/agent.py",
+            "/opt/temper/agent",
             "--tmpfs",
             "/tmp",
             "--proc",
@@ -141,7 +142,7 @@ class LocalBackend(WarmPool):
             "--chdir",
             "/work",
             python,
-            "/opt/temper/agent.py",
+            "/opt/temper/agent",
             "--socket",
             "/run/temper/agent.sock",
             "--workdir",

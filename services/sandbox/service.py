@@ -41,6 +41,9 @@ from services.sandbox.limits import resolve
 from services.sandbox.settings import Limits, SandboxSettings
 from services.sandbox.snapshots import SnapshotStore
 
+#: Outputs one exec may ask for (the agent's own cap).
+MAX_OUTPUTS = 64
+
 
 @dataclass(eq=False)
 class Session:
@@ -139,7 +142,8 @@ class SandboxService(Service):
     async def _on_exec(self, request: SandboxExec, _: Request) -> Message:
         if request.session is not None:
             return await self._session_exec(request)
-        limits = resolve(request.limits, self.settings.defaults, self.settings.maxima)
+        defaults = self.settings.defaults_for(request.language)
+        limits = resolve(request.limits, defaults, self.settings.maxima)
         exec_request = self._exec_request(request, limits, request.language)
         try:
             box = await self.backend.acquire(limits)
@@ -163,6 +167,7 @@ class SandboxService(Service):
             timeout_s=limits.timeout_s,
             output_bytes=limits.output_bytes,
             env={},
+            outputs=tuple(request.outputs),
         )
 
     def _check_request(self, request: SandboxExec, language: str) -> None:
@@ -184,6 +189,14 @@ class SandboxService(Service):
             )
         for path in request.files:
             _check_path(path)
+        if len(request.outputs) > MAX_OUTPUTS:
+            raise RequestRejected(
+                ErrorCode.BAD_REQUEST,
+                f"{len(request.outputs)} outputs asked for, over the limit of {MAX_OUTPUTS}",
+                field="$.outputs",
+            )
+        for path in request.outputs:
+            _check_path(path, "$.outputs")
 
     def _result(self, request: SandboxExec, outcome: Outcome) -> SandboxResult:
         self.executed += 1
@@ -199,6 +212,7 @@ class SandboxService(Service):
             stderr_truncated=reply.stderr_truncated,
             duration_s=reply.duration_s,
             error=outcome.error,
+            outputs=dict(reply.outputs),
         )
 
     def _release_later(self, box: Box) -> None:
@@ -225,7 +239,8 @@ class SandboxService(Service):
                 f"this instance holds {len(self._sessions)} sessions (the maximum)",
             )
         archive = await self.snapshots.load(request.snapshot) if request.snapshot else None
-        limits = resolve(request.limits, self.settings.defaults, self.settings.maxima)
+        defaults = self.settings.defaults_for(request.language)
+        limits = resolve(request.limits, defaults, self.settings.maxima)
         for path in request.files:
             _check_path(path)
         try:
@@ -326,13 +341,13 @@ class SandboxService(Service):
                 self._end(session)
 
 
-def _check_path(path: str) -> None:
+def _check_path(path: str, field: str = "$.files") -> None:
     parts = PurePosixPath(path).parts
     if not path or path.startswith("/") or ".." in parts or "\x00" in path:
         raise RequestRejected(
             ErrorCode.BAD_REQUEST,
             f"file path {path!r} must be relative and stay in the work directory",
-            field="$.files",
+            field=field,
         )
 
 

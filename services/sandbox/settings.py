@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from protocol.messages import SandboxLimits
 from services.runtime.settings import RuntimeSettings
 
 
@@ -18,6 +20,17 @@ class Limits:
     cpus: float = 1.0
     output_bytes: int = 1024 * 1024
     disk_mb: int = 64
+
+
+def language_defaults() -> dict[str, SandboxLimits]:
+    """Compilers, node and openscad need more memory and processes than a Python run."""
+    return {
+        "c": SandboxLimits(memory_mb=1024, pids=256),
+        "cpp": SandboxLimits(memory_mb=2048, pids=256),
+        "js": SandboxLimits(memory_mb=1024, pids=256),
+        # CGAL's boolean operations are slow and hungry.
+        "openscad": SandboxLimits(timeout_s=60.0, memory_mb=2048, pids=256),
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +62,11 @@ class SandboxSettings:
             disk_mb=1024,
         )
     )
-    languages: tuple[str, ...] = ("python", "bash", "sh", "c")
+    languages: tuple[str, ...] = ("python", "bash", "sh", "c", "cpp", "js", "openscad")
+    #: Per language, what it changes in ``defaults``.  A request's own limits (a domain's
+    #: ``sandbox`` table) win over these; a request above ``maxima`` is refused, while
+    #: these defaults are clamped to ``maxima`` (the operator's word is final).
+    language_defaults: Mapping[str, SandboxLimits] = field(default_factory=language_defaults)
     max_code_bytes: int = 1 << 20
     #: How long a request may wait for a free sandbox before an ``unavailable`` error.
     acquire_timeout_s: float = 30.0
@@ -66,3 +83,15 @@ class SandboxSettings:
     nofile: int = 256
     #: Docker engine URL; empty uses the local socket (or DOCKER_HOST).
     docker_url: str = ""
+
+    def defaults_for(self, language: str) -> Limits:
+        """``defaults`` with ``language``'s own laid over them, within ``maxima``."""
+        own = self.language_defaults.get(language)
+        if own is None:
+            return self.defaults
+        chosen = {}
+        for spec in fields(Limits):
+            value = getattr(own, spec.name)
+            if value is not None:
+                chosen[spec.name] = min(value, getattr(self.maxima, spec.name))
+        return replace(self.defaults, **chosen)

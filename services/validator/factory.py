@@ -126,7 +126,7 @@ def _code(params: Params, domain: Domain, resources: Resources) -> Validator:
         limits=domain.sandbox or SandboxLimits(),
         grace_s=resources.sandbox_grace_s,
         default_timeout_s=resources.sandbox_timeout_s,
-        language=params.choice("language", "python", ("python",)),
+        language=params.choice("language", "python", ("python", "cpp", "js")),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -66,3 +67,40 @@ async def test_timeouts_and_refusals_have_their_own_exit_codes(sandbox_url: str)
 async def test_without_a_sandbox_service_it_says_so(nats_url: str) -> None:
     done = await finish(await start(nats_url, "sandbox", "exec", "-c", "print(1)"))
     assert done.code == 1 and "no sandbox service is running" in done.err
+
+
+@pytest.mark.parametrize(
+    ("lang", "program", "code"),
+    [
+        ("c", "gcc", '#include <stdio.h>\nint main(void) { puts("hello"); return 5; }'),
+        ("cpp", "g++", '#include <iostream>\nint main() { std::cout << "hello\\n"; return 5; }'),
+        ("js", "node", "console.log('hello'); process.exit(5);"),
+    ],
+)
+async def test_exec_compiled_and_script_languages(
+    sandbox_url: str, lang: str, program: str, code: str
+) -> None:
+    if shutil.which(program) is None:  # bubblewrap runs the host's toolchains
+        pytest.skip(f"no {program} on this host")
+    done = await finish(await start(sandbox_url, "sandbox", "exec", "--lang", lang, "-c", code))
+    assert (done.code, done.out) == (5, "hello\n"), done.err
+    broken = await finish(await start(sandbox_url, "sandbox", "exec", "--lang", lang, "-c", "}"))
+    assert broken.code == 1 and "[nonzero_exit in" in broken.err
+
+
+async def test_exec_fetches_the_files_a_run_leaves(sandbox_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "make.sh"
+    script.write_text("mkdir -p d && printf 'solid x\\n' > d/out.stl\n")
+    done = await finish(
+        await start(
+            sandbox_url,
+            "sandbox",
+            "exec",
+            str(script),
+            *("--fetch", "d/out.stl", "--fetch", "no", "--fetch-dir", str(tmp_path)),
+        )
+    )
+    assert done.code == 0, done.err
+    assert (tmp_path / "out.stl").read_text() == "solid x\n"
+    assert f"[d/out.stl: 8 bytes saved to {tmp_path / 'out.stl'}]" in done.err
+    assert "[no: not left by the run" in done.err

@@ -40,7 +40,7 @@ TEST_LABEL = "org.temper.test=sandbox-image"
 RUN_FLAGS = (
     "--network none --read-only --cap-drop ALL --security-opt no-new-privileges "
     f"--user {SANDBOX_UID} --memory 256m --memory-swap 256m --pids-limit 128 "
-    f"--tmpfs /work:size=64m,uid={SANDBOX_UID} --label {TEST_LABEL}"
+    f"--tmpfs /work:size=64m,exec,nosuid,nodev,uid={SANDBOX_UID} --label {TEST_LABEL}"
 ).split()
 
 # The first test pays for the image build in its fixture setup.
@@ -134,7 +134,24 @@ async def test_ping(client: AgentClient) -> None:
     reply = await client.ping()
     assert reply["ok"] is True and reply["version"] == 1
     assert reply["pid"] == 1, "the agent is the container's init"
-    assert {"python", "bash", "sh", "c"} <= set(reply["languages"])
+    assert {"python", "bash", "sh", "c", "cpp", "js", "openscad"} <= set(reply["languages"])
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "stdout"),
+    [
+        ("cpp", '#include <cstdio>\nint main() { std::puts("cpp"); }', b"cpp\n"),
+        ("js", "console.log(require('os').userInfo().uid)", b"10001\n"),
+        ("openscad", "echo(6 * 7); cube(1);", b""),
+    ],
+)
+async def test_each_toolchain_runs_offline_as_the_sandbox_user(
+    client: AgentClient, language: str, code: str, stdout: bytes
+) -> None:
+    reply = await run(client, language=language, code=code, timeout_s=60.0)
+    assert (reply.status, reply.stdout) == (SandboxStatus.OK, stdout), reply.stderr
+    if language == "openscad":  # no X display in the image: STL export only
+        assert b"ECHO: 42" in reply.stderr
 
 
 async def test_python_runs_as_the_sandbox_user(client: AgentClient) -> None:
@@ -156,8 +173,13 @@ async def test_root_is_read_only_and_workdir_writable(client: AgentClient) -> No
     reply = await run(client, code="open('/etc/evil', 'w').write('x')")
     assert reply.status is SandboxStatus.NONZERO_EXIT
     assert b"Read-only file system" in reply.stderr or b"Permission denied" in reply.stderr
-    reply = await run(client, language="bash", code="touch /tmp/x /opt/temper/agent.py")
-    assert reply.status is SandboxStatus.NONZERO_EXIT
+    for path in (
+        "/opt/temper/agent/__main__.py",
+        "/opt/temper/agent/zygote.py",
+        "/opt/temper/agent/x",
+    ):
+        reply = await run(client, language="bash", code=f"touch {path}")
+        assert reply.status is SandboxStatus.NONZERO_EXIT, path
     reply = await run(client, language="bash", code="echo data > f && cat f && rm f")
     assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"data\n")
 

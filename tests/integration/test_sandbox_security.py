@@ -327,6 +327,18 @@ while True:
         pass
 """
 
+C_FORK_BOMB = """
+#include <unistd.h>
+int main(void) { for (;;) fork(); }
+"""
+
+JS_FORK_BOMB = """
+const { spawn } = require('child_process');
+for (;;) {
+    try { spawn(process.execPath, [__filename], { stdio: 'ignore' }); } catch (e) {}
+}
+"""
+
 
 @pytest.mark.parametrize(
     ("language", "code", "statuses"),
@@ -336,15 +348,19 @@ while True:
         # The main shell returns at once (exit 0) while its background copies hit the
         # pids limit; the agent kills the whole group when the main process is done.
         ("bash", ":(){ :|:& };:", {S.OK, S.NONZERO_EXIT, S.TIMEOUT}),
+        ("c", C_FORK_BOMB, {S.TIMEOUT}),
+        # Every node copy spawns more until the pids limit (or memory: a node is large).
+        ("js", JS_FORK_BOMB, {S.TIMEOUT, S.OOM}),
     ],
-    ids=["python", "bash"],
+    ids=["python", "bash", "c", "js"],
 )
 async def test_fork_bomb_is_capped_by_the_pids_limit(
     pool: Pool, language: str, code: str, statuses: set[SandboxStatus]
 ) -> None:
     recycled = pool.stat("sandboxes_recycled")
     async with pool.watching() as watch:
-        bomb = await pool.run(code, language, timeout_s=2)
+        # The pool's shape, not the language's defaults: the bomb lands in a warm container.
+        bomb = await pool.run(code, language, timeout_s=2, pids=PIDS, memory_mb=MEMORY_MB)
     assert bomb.status in statuses, bomb
     assert bomb.status is not S.INFRA_ERROR
     assert max(watch.pids_max.values()) <= PIDS  # the host never saw more in one container
@@ -600,7 +616,7 @@ async def test_host_files_are_not_visible(
     seen = report(probe)
     assert seen["/etc/shadow"] == "Permission denied"  # and it is the image's, not the host's
     assert seen["exists"] == dict.fromkeys(paths, False)
-    assert "/opt/temper/agent.py" in seen["pid1"]  # its own PID 1 (the agent), not the host's
+    assert "/opt/temper/agent" in seen["pid1"]  # its own PID 1 (the agent), not the host's
     assert seen["/proc/1/environ"] == "Permission denied"  # the agent is not dumpable
     assert token not in probe.stdout
     await pool.assert_recovered()
@@ -653,7 +669,9 @@ READ_ONLY = [
     "/etc/passwd",
     "/usr/bin/planted",
     "/usr/bin/python3",
-    "/opt/temper/agent.py",
+    "/opt/temper/agent/__main__.py",
+    "/opt/temper/agent/seccomp.py",
+    "/opt/temper/agent/planted",
     "/var/tmp/planted",
     "/home/planted",
 ]

@@ -345,3 +345,86 @@ async def test_a_program_built_in_the_workdir_can_run(
     script = "printf '#!/bin/sh\\necho built\\n' > prog && chmod +x prog && ./prog"
     result = await run(nc, script, language="bash")
     assert (result.status, result.stdout) == (SandboxStatus.OK, "built\n")
+
+
+CPP_HELLO = '#include <iostream>\nint main() { std::cout << "hello " << 6 * 7 << "\\n"; }\n'
+
+
+@pytest.mark.parametrize(
+    ("language", "hello", "broken", "message"),
+    [
+        ("cpp", CPP_HELLO, "int main() { return nope; }", "was not declared in this scope"),
+        ("js", "console.log('hello ' + 6 * 7);", "console.log(;", "SyntaxError"),
+    ],
+)
+async def test_compiled_and_script_languages_run_and_report_their_errors(
+    docker_sandbox: tuple[SandboxService, NATS],
+    language: str,
+    hello: str,
+    broken: str,
+    message: str,
+) -> None:
+    _, nc = docker_sandbox
+    result = await run(nc, hello, language=language)
+    assert (result.status, result.stdout) == (SandboxStatus.OK, "hello 42\n"), result
+    failed = await run(nc, broken, language=language)
+    assert (failed.status, failed.exit_code) == (SandboxStatus.NONZERO_EXIT, 1), failed
+    assert message in failed.stderr and failed.stdout == ""
+
+
+def stl_vertices(stl: bytes) -> list[tuple[float, ...]]:
+    """The vertices of an ASCII STL's facets, three per facet."""
+    rows = [line.split() for line in stl.decode().splitlines()]
+    return [tuple(float(v) for v in row[1:]) for row in rows if row[:1] == ["vertex"]]
+
+
+async def test_openscad_renders_a_part_to_an_stl_that_comes_back(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    _, nc = docker_sandbox
+    part = "difference() { cube([10, 20, 30]); translate([5, 10, -1]) cylinder(h=40, r=2); }"
+    result = await run(nc, part, language="openscad", outputs=["out.stl", "missing.stl"])
+    assert result.status is SandboxStatus.OK, result
+    assert "Top level object is a 3D object" in result.stderr  # the toolchain's own report
+    assert set(result.outputs) == {"out.stl"}
+    vertices = stl_vertices(result.outputs["out.stl"])
+    assert len(vertices) % 3 == 0 and len(vertices) > 12 * 3  # more than a bare cube
+    lows = [min(v[i] for v in vertices) for i in range(3)]
+    highs = [max(v[i] for v in vertices) for i in range(3)]
+    assert (lows, highs) == ([0, 0, 0], [10, 20, 30])
+    broken = await run(nc, "cube([1, 2;", language="openscad", outputs=["out.stl"])
+    assert (broken.status, broken.exit_code) == (SandboxStatus.NONZERO_EXIT, 1), broken
+    assert "Parser error" in broken.stderr and broken.outputs == {}
+
+
+async def container_limits(service: SandboxService, session: str) -> tuple[int, int]:
+    """(memory in MiB, pids) of the container that holds a session."""
+    box = service._sessions[session].box
+    async with aiodocker.Docker() as docker:
+        info = await docker.containers.container(box.id).show()
+    host = info["HostConfig"]
+    return host["Memory"] >> 20, host["PidsLimit"]
+
+
+async def test_language_limits_come_from_the_table_then_the_request_within_the_maxima(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    service, nc = docker_sandbox
+    cases = [
+        ("python", SandboxLimits(), (128, 64)),  # the service's defaults
+        ("cpp", SandboxLimits(), (2048, 256)),  # the language's own
+        ("cpp", SandboxLimits(memory_mb=700, pids=100), (700, 100)),  # a domain's config
+    ]
+    for language, limits, expected in cases:
+        opened = await ask(
+            nc, SandboxOpen(id="o", language=language, limits=limits), subjects.sandbox_session()
+        )
+        assert isinstance(opened, SandboxSession), opened
+        assert await container_limits(service, opened.session) == expected, language
+        await ask(nc, SandboxClose(session=opened.session), opened.subject)
+    over = await ask(
+        nc, SandboxExec(id="x", language="cpp", code="", limits=SandboxLimits(pids=5000))
+    )
+    assert isinstance(over, ErrorReply)
+    assert (over.code, over.field) == (ErrorCode.BAD_REQUEST, "$.limits.pids")
+    assert "above this service's maximum 1024" in over.message

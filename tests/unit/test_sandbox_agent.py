@@ -35,7 +35,8 @@ from services.sandbox.agent_client import (
     ExecRequest,
 )
 
-AGENT = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "agent.py"
+#: The agent package, run as ``python3 <directory>`` as the image and the local backend do.
+AGENT = Path(__file__).resolve().parents[2] / "services" / "sandbox" / "agent"
 WATCHDOG_S = 30.0
 MIB = 1024 * 1024
 
@@ -219,7 +220,8 @@ async def test_exception_gives_exit_1_and_traceback(client: AgentClient) -> None
     assert stderr.startswith("Traceback (most recent call last):\n")
     assert 'File "<sandbox>", line 4, in <module>' in stderr
     assert stderr.endswith("ValueError: boom\n")
-    assert "agent.py" not in stderr, "the agent's own frames are hidden"
+    assert str(AGENT) not in stderr, "the agent's own frames are hidden"
+    assert "sandbox/agent" not in stderr and "_temper_sandbox_agent" not in stderr
 
 
 async def test_syntax_error(client: AgentClient) -> None:
@@ -620,7 +622,8 @@ async def test_language_table_override(tmp_path: Path) -> None:
     table = json.dumps({"py-spawn": ["python3", "-I", "{file}"], "sh": None})
     with start_agent(tmp_path, "--languages", table) as running:
         async with await AgentClient.connect(running.socket, timeout_s=10.0) as c:
-            assert set((await c.ping())["languages"]) == {"bash", "c", "python", "py-spawn"}
+            languages = set((await c.ping())["languages"])
+            assert languages == {"bash", "c", "cpp", "js", "openscad", "python", "py-spawn"}
             reply = await run(c, language="py-spawn", code="import os; print(os.getppid() > 1)")
             assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"True\n")
             with pytest.raises(AgentRejected, match="unknown language"):
@@ -887,6 +890,79 @@ async def test_c_is_built_then_run(client: AgentClient, agent: RunningAgent) -> 
     assert list(agent.workdir.iterdir()) == [], "the code and what was built from it are gone"
 
 
+CPP_PROGRAM = r"""
+#include <iostream>
+#include <string>
+#include <vector>
+int main() {
+    std::string name;
+    std::cin >> name;
+    std::vector<int> v{1, 2, 3};
+    std::cout << "hello " << name << " " << v.size() << std::endl;
+    return 4;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this host")
+async def test_cpp_is_built_then_run(client: AgentClient, agent: RunningAgent) -> None:
+    reply = await run(client, language="cpp", code=CPP_PROGRAM, stdin=b"world")
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 4), reply.stderr
+    assert reply.stdout == b"hello world 3\n"
+    broken = await run(client, language="cpp", code="int main() { return undeclared; }")
+    assert (broken.status, broken.exit_code) == (SandboxStatus.NONZERO_EXIT, 1)
+    assert b"undeclared\xe2\x80\x99 was not declared" in broken.stderr, broken.stderr
+    assert broken.stdout == b""
+    assert list(agent.workdir.iterdir()) == [], "the code and what was built from it are gone"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node on this host")
+async def test_js_runs_under_node(client: AgentClient) -> None:
+    code = "const fs = require('fs');\nconsole.log('hello ' + fs.readFileSync(0, 'utf8'));"
+    reply = await run(client, language="js", code=code, stdin=b"world")
+    assert (reply.status, reply.stdout) == (SandboxStatus.OK, b"hello world\n"), reply.stderr
+    broken = await run(client, language="js", code="let x = ;")
+    assert (broken.status, broken.exit_code) == (SandboxStatus.NONZERO_EXIT, 1)
+    assert b"SyntaxError" in broken.stderr
+
+
+async def test_a_tasks_own_agent_module_is_not_the_sandbox_agent(client: AgentClient) -> None:
+    # The agent package is loaded under a private name: a task's "agent" is its own.
+    reply = await run(
+        client,
+        code="import agent, sys\nprint(agent.NAME, [m for m in sys.modules if 'sandbox' in m])",
+        files={"agent.py": b"NAME = 'mine'\n"},
+    )
+    assert reply.stdout.startswith(b"mine "), reply.stderr
+
+
+OUTPUTS_SCRIPT = """
+mkdir -p d real
+printf stl > d/out.stl
+printf 'x%.0s' $(seq 100) > big
+ln -s /proc/self/comm link
+ln -s real linked-dir && printf secret > real/f
+mkfifo fifo
+exit 3
+"""
+
+
+async def test_outputs_come_back_as_regular_files_only(client: AgentClient) -> None:
+    wanted = ["d/out.stl", "big", "link", "linked-dir/f", "fifo", "missing", "d"]
+    reply = await run(client, language="bash", code=OUTPUTS_SCRIPT, outputs=wanted, output_bytes=50)
+    assert (reply.status, reply.exit_code) == (SandboxStatus.NONZERO_EXIT, 3), reply.stderr
+    # No symlink is followed (the agent's own /proc entries), nor a FIFO opened; "big"
+    # passes output_bytes.
+    assert reply.outputs == {"d/out.stl": b"stl"}
+    within = await run(client, language="bash", code="true", outputs=["big", "d/out.stl"])
+    assert within.outputs == {"big": b"x" * 100, "d/out.stl": b"stl"}
+
+
+async def test_outputs_must_stay_in_the_workdir(client: AgentClient) -> None:
+    with pytest.raises(AgentRejected, match=r"outputs: path '\.\./x' leaves the workdir"):
+        await run(client, code="pass", outputs=["../x"])
+
+
 async def test_a_language_whose_program_is_missing_is_an_infra_error(tmp_path: Path) -> None:
     table = json.dumps({"cobol": {"argv": ["sh", "{file}"], "needs": "no-such-compiler"}})
     with start_agent(tmp_path, "--languages", table) as running:
@@ -899,8 +975,9 @@ async def test_a_language_whose_program_is_missing_is_an_infra_error(tmp_path: P
 # --------------------------------------------------------------------------- sibling forks
 
 SIBLING = r"""
-import ctypes, os, runpy, sys, time
-agent = runpy.run_path(sys.argv[1], run_name="sandbox_agent")
+import ctypes, importlib, os, sys, time
+sys.path.insert(0, sys.argv[1])
+agent = importlib.import_module("services.sandbox.agent.forks").__dict__
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the agent
 read_end, write_end = os.pipe()
@@ -937,7 +1014,7 @@ def test_a_spare_is_forked_as_the_agents_own_child(how: str) -> None:
     if how == "clone" and os.uname().machine not in ("x86_64", "aarch64"):
         pytest.skip("no clone table for this machine")
     done = subprocess.run(
-        [sys.executable, "-c", SIBLING, str(AGENT), how],
+        [sys.executable, "-c", SIBLING, str(AGENT.parents[2]), how],
         capture_output=True,
         text=True,
         timeout=30,

@@ -1,0 +1,36 @@
+"""Per-language sandbox limits: the language's defaults, within the operator's maxima."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.messages import SandboxLimits
+from services.runtime.errors import RequestRejected
+from services.sandbox.limits import resolve
+from services.sandbox.settings import Limits, SandboxSettings
+
+
+def test_a_language_lays_its_own_defaults_over_the_services() -> None:
+    settings = SandboxSettings()
+    assert settings.defaults_for("python") == settings.defaults
+    cpp = settings.defaults_for("cpp")
+    assert (cpp.memory_mb, cpp.pids) == (2048, 256)
+    assert cpp.timeout_s == settings.defaults.timeout_s  # what the entry leaves out
+    assert settings.defaults_for("openscad").timeout_s == 60.0
+    assert set(settings.language_defaults) <= set(settings.languages)
+
+
+def test_language_defaults_are_clamped_to_the_maxima() -> None:
+    settings = SandboxSettings(maxima=Limits(memory_mb=1500, pids=200, timeout_s=30.0))
+    cpp = settings.defaults_for("cpp")
+    assert (cpp.memory_mb, cpp.pids) == (1500, 200)
+    assert settings.defaults_for("openscad").timeout_s == 30.0
+
+
+def test_a_request_overrides_the_language_but_not_the_maxima() -> None:
+    settings = SandboxSettings()
+    defaults = settings.defaults_for("cpp")
+    asked = resolve(SandboxLimits(memory_mb=700), defaults, settings.maxima)
+    assert (asked.memory_mb, asked.pids) == (700, 256)
+    with pytest.raises(RequestRejected, match="pids 2000 is above this service's maximum 1024"):
+        resolve(SandboxLimits(pids=2000), defaults, settings.maxima)
