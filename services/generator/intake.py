@@ -46,6 +46,8 @@ from services.runtime.pull import Puller
 
 #: The tier-wide durable of FIFO intake; its domain durables are ``generator-<domain>``.
 DURABLE = "generator"
+#: Longest wait for the stream's backlog before the intake asks again.
+REFRESH_TIMEOUT_S = 1.0
 
 
 def domain_durable(domain: str) -> str:
@@ -88,7 +90,10 @@ class Backlog:
         self.at = float("-inf")
 
     async def refresh(self, now: float) -> None:
-        info = await self._js.stream_info(self._stream, subjects_filter=self._filter)
+        # Bounded well below the JetStream API timeout: while the stream elects a new leader
+        # the request goes unanswered, and the intake should ask again soon, not wait 5 s.
+        async with asyncio.timeout(REFRESH_TIMEOUT_S):
+            info = await self._js.stream_info(self._stream, subjects_filter=self._filter)
         counts: dict[str, int] = {}
         for subject, count in (info.state.subjects or {}).items():
             domain = subject.removeprefix(self._prefix)
