@@ -70,12 +70,15 @@ def register(commands: Any) -> None:
         help="policy versions a sample may lag the learner when trained on (admission and "
         "replay bound); 0 trains on-policy: generation waits for each new version",
     )
-    train.add_argument("--warmup-steps", type=int, default=600, help="most supervised steps")
+    train.add_argument(
+        "--warmup-steps", type=int, default=600, help="most supervised steps (0: none)"
+    )
     train.add_argument(
         "--warmup-target",
         type=float,
         default=0.25,
-        help="the warm-up stops when greedy accuracy on train problems reaches this",
+        help="the warm-up stops when greedy accuracy on train problems reaches this "
+        "(0: no target, all --warmup-steps)",
     )
     train.add_argument(
         "--eval-every",
@@ -162,10 +165,13 @@ def prepare_policy(plan: TrainPlan) -> Path:
     say(f"building the tiny policy in {model}")
     init_model(model, force=True)
     if plan.warmup_steps:
-        say(
-            f"supervised warm-up on {plan.domain}'s train split: up to {plan.warmup_steps} "
-            f"steps, until greedy accuracy on train problems reaches {plan.warmup_target:.0%}"
+        until = (
+            f"up to {plan.warmup_steps} steps, until greedy accuracy on train problems "
+            f"reaches {plan.warmup_target:.0%}"
+            if plan.warmup_target
+            else f"{plan.warmup_steps} steps (no accuracy target)"
         )
+        say(f"supervised warm-up on {plan.domain}'s train split: {until}")
         config = WarmupConfig(
             steps=plan.warmup_steps,
             lr=1e-3,

@@ -23,6 +23,7 @@ class StalenessAdmission:
         self.started = 0
         self.trained = 0
         self.waits = 0
+        self.closed = False
         self._changed = asyncio.Event()
 
     def allows(self, samples: int) -> bool:
@@ -31,13 +32,24 @@ class StalenessAdmission:
         return not self.budget or ahead <= 0 or ahead + samples <= self.budget
 
     async def admit(self, samples: int) -> None:
-        """Wait until ``samples`` more fit within the budget, then count them as started."""
+        """Wait until ``samples`` more fit within the budget, then count them as started.
+
+        Once the gate is closed a waiter is cancelled: the consumer hands its task back
+        (a nak), as it does for any handler cancelled while the service stops."""
         if not self.allows(samples):
             self.waits += 1
         while not self.allows(samples):
+            if self.closed:
+                raise asyncio.CancelledError("admission closed: the generator is stopping")
             changed = self._changed
             await changed.wait()
         self.started += samples
+
+    def close(self) -> None:
+        """The service is stopping: the learner step a waiter needs may never come, so
+        waiting out the stop's grace would only delay the hand-back."""
+        self.closed = True
+        self._wake()
 
     def learner_trained(self, samples: int) -> None:
         """The learner has consumed ``samples`` in all (from a PolicyUpdate)."""
@@ -47,6 +59,9 @@ class StalenessAdmission:
         # What the learner consumed was started by someone: a generator that restarted, or
         # that shares the learner with others, must not count it as room for more.
         self.started = max(self.started, samples)
+        self._wake()
+
+    def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 

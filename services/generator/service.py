@@ -152,6 +152,12 @@ class GeneratorService(Service):
             return SandboxTools(self.bus.nc, timeout_s=self.settings.tool_timeout_s)
         return LocalTools()
 
+    async def intake_stopped(self) -> None:
+        # Tasks parked at admission wait for a learner step that may never come now (the
+        # learner stops first): hand them back at once rather than after the whole grace.
+        await self.intake_ended(self.runtime.grace_s)
+        self.admission.close()
+
     async def teardown(self) -> None:
         if self._receiver is not None:
             await self._receiver.close()

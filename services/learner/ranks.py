@@ -19,9 +19,10 @@ tensor on a gloo group of their own (no pickle crosses the boundary):
 
 Failure: every collective times out after ``rank_timeout_s``, so no rank waits forever on
 a peer that hangs; a rank that dies closes its connections, and torchrun (no restarts)
-then stops the others and exits non-zero.  Whoever runs torchrun starts it again; the job
-resumes from the newest checkpoint, and the ledger's leases make sure no rollout is
-trained twice or lost.
+then stops the others and exits non-zero.  A rank whose torchrun is gone (``kill -9`` of
+the launcher) kills itself (:mod:`services.runtime.orphans`).  Whoever runs torchrun
+starts it again; the job resumes from the newest checkpoint, and the ledger's leases make
+sure no rollout is trained twice or lost.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from services.learner.distributed import DataParallel, ParallelSettings
 from services.learner.service import LearnerService, LearnerSettings
 from services.learner.trainer import StepResult, Trainer
 from services.runtime.logs import get_logger
+from services.runtime.orphans import exit_with_parent
 
 _log = get_logger(component="ranks")
 _T = TypeVar("_T")
@@ -240,6 +242,7 @@ def serve(
 ) -> int:
     """Run this process's rank: the service on rank 0 (``run_service`` runs it until it
     stops), a follower on the others.  Returns the exit status."""
+    exit_with_parent(f"rank {parallel.rank}")
     settings = dataclasses.replace(settings, device=rank_device(settings.device, parallel))
     if settings.threads:
         torch.set_num_threads(settings.threads)

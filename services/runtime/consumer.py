@@ -185,8 +185,12 @@ class PullConsumer(Generic[M, H]):
         A nak while our own pull request is still open would deliver the message straight
         back here, to be nak'd again: a wasted delivery that counts against max_deliver.
         """
-        await self._intake_done.wait()
+        await self.intake_ended()
         return self.cancel_in_flight()
+
+    async def intake_ended(self) -> None:
+        """Returns once no message can arrive any more: its last fetch is closed."""
+        await self._intake_done.wait()
 
     async def run(self) -> None:
         try:

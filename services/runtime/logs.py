@@ -44,7 +44,10 @@ def configure(service: str, level: str = "info", stream: TextIO | None = None) -
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # One write per line, newline included: processes sharing a stream (torchrun's
+        # ranks share their parent's stdout) under PYTHONUNBUFFERED would otherwise
+        # interleave a line's text and its newline with another process's line.
+        logger_factory=structlog.WriteLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)

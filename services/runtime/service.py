@@ -106,6 +106,17 @@ class Service:
         """Runs once intake has stopped, before in-flight work is awaited: a service holding
         work that cannot finish while draining hands it back here."""
 
+    async def intake_ended(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until no consumer can receive a message any more,
+        so a message handed back now cannot come straight back; False on the timeout."""
+        waits = [asyncio.ensure_future(c.intake_ended()) for c in self._consumers]
+        if not waits:
+            return True
+        _, pending = await asyncio.wait(waits, timeout=timeout_s)
+        for wait in pending:
+            wait.cancel()
+        return not pending
+
     async def reconnected(self) -> None:
         """Runs in the service's TaskGroup each time the connection to NATS came back.
 

@@ -39,7 +39,9 @@ def stack_env(model: Path, run_dir: Path, **extra: str) -> dict[str, str]:
         "TEMPER_LEARNER_MODEL": str(model),
         "TEMPER_LEARNER_OUT_DIR": str(run_dir / "learner"),
         "TEMPER_LEARNER_BATCH_SIZE": "32",
-        "TEMPER_LEARNER_MIN_SAMPLES": "8",
+        # The suites wait for every trainable rollout to be trained: the last few must
+        # not stay held in the buffer below a minimum batch.
+        "TEMPER_LEARNER_MIN_SAMPLES": "1",
         "TEMPER_LEARNER_SAMPLE_WAIT_S": "0.5",
         "TEMPER_LEARNER_CHECKPOINT_EVERY": "2",
         "TEMPER_LEARNER_THREADS": "1",

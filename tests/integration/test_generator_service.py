@@ -245,6 +245,35 @@ async def test_admission_holds_tasks_until_the_learner_consumes(
     assert sorted({r.task.id for r in tap.got}) == ["adm-eval", "adm0", "adm1", "adm2"]
 
 
+async def test_a_task_parked_at_admission_is_handed_back_at_once_on_stop(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    """The learner stops first, so the update a parked task waits for never comes: the
+    stop hands it back without waiting out the grace, and the next generator serves it."""
+    js = nc.jetstream()
+    grace = runtime(nats_url, instance="gen-test", grace_s=60.0)
+    settings = _settings(
+        nats_url, tiny_model, runtime=grace, admission_samples=2, max_concurrent_tasks=2
+    )
+    service = GeneratorService(settings)
+    async with service:
+        await _submit(js, _task("park0", n=2))
+        await _submit(js, _task("park1", n=2))
+        await tap.wait(2)
+        await asyncio.sleep(0.5)
+        assert len(tap.got) == 2 and service.admission.waits == 1  # park1 is parked
+        stopping = loop_time()
+    assert loop_time() - stopping < 30, "the stop waited out the grace"
+    assert service.admission.closed
+    async with GeneratorService(_settings(nats_url, tiny_model)):
+        await tap.wait(4)
+    assert sorted({r.task.id for r in tap.got}) == ["park0", "park1"]
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 def _fields(task: Task) -> dict[str, object]:
     return {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
 

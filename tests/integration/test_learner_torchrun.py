@@ -62,9 +62,11 @@ class Job:
         ]
 
     async def pid(self, rank: int) -> int:
-        async with asyncio.timeout(120):
-            while not (found := self.events("rank_started", rank=rank)):
-                await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 120
+        while not (found := self.events("rank_started", rank=rank)):
+            assert self.proc.returncode is None, f"the job ended:\n{self.tail()}"
+            assert time.monotonic() < deadline, f"rank {rank} never started:\n{self.tail()}"
+            await asyncio.sleep(0.2)
         return int(found[-1]["pid"])
 
     async def wait(self, timeout_s: float) -> int:
@@ -232,3 +234,24 @@ async def test_killed_rank_ends_the_job_and_the_restart_trains_each_rollout_once
     assert report.trained_ids == wanted, report.summary()
     assert report.trained_twice == [] and report.lost == [] and report.version_errors == []
     assert report.uncommitted == [] and report.resumes >= 1, report.summary()
+
+
+@pytest.mark.timeout(200)
+async def test_killing_torchrun_ends_every_rank(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """torchrun starts each rank in a session of its own: without the ranks' watch on
+    their parent, rank 0 would go on serving after a ``kill -9`` of the launcher."""
+    out = tmp_path / "learner"
+    async with _replay(nats_url), _job(nats_url, tiny_model, out, "agent") as job:
+        ranks = [await job.pid(0), await job.pid(1)]
+        os.kill(job.proc.pid, signal.SIGKILL)
+        await job.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        left = [pid for pid in ranks if alive(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"ranks {left} outlived torchrun:\n{job.tail()}"
+        assert len(job.events("parent_exited")) == 2, job.tail()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from services.generator.admission import StalenessAdmission
 
 
@@ -39,3 +41,17 @@ async def test_no_budget_admits_everything_and_a_large_task_goes_alone() -> None
     small = StalenessAdmission(budget=4)
     await asyncio.wait_for(small.admit(8), 1.0)  # nothing ahead: it goes, alone
     assert not small.allows(1)
+
+
+async def test_closing_cancels_the_waiters_and_refuses_new_ones() -> None:
+    gate = StalenessAdmission(budget=4)
+    await gate.admit(4)
+    waiting = asyncio.ensure_future(gate.admit(2))
+    await asyncio.sleep(0.01)
+    gate.close()
+    await asyncio.wait([waiting], timeout=1.0)
+    assert waiting.cancelled()
+    with pytest.raises(asyncio.CancelledError):
+        await gate.admit(2)
+    assert gate.ahead() == 4, "nothing handed back counts as started"
+    await asyncio.wait_for(gate.admit(0), 1.0)  # what fits still goes

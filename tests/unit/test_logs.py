@@ -48,3 +48,24 @@ def test_an_explicit_stream_is_kept(restored: None) -> None:
 def test_an_unknown_level_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown log level 'loud'"):
         logs.configure("svc", level="loud")
+
+
+class _Writes(io.StringIO):
+    """Each ``write`` call as it came: an unbuffered stream makes each one a syscall."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+def test_each_line_is_one_write_with_its_newline(restored: None) -> None:
+    out = _Writes()
+    logs.configure("svc", level="info", stream=out)
+    logs.get_logger().info("first")
+    logs.get_logger().info("second")
+    assert len(out.calls) == 2, out.calls
+    assert all(call.endswith("\n") and call.count("\n") == 1 for call in out.calls)
