@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -23,18 +24,26 @@ WEIGHTS_FILE = "model.safetensors"
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".pt")
 
 
-def unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with each storage once, under its first name.
+def unique_tensors(
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The state dict (of ``model``, or ``model`` itself: a gathered one) with each storage
+    once, under its first name.
 
     Tied parameters (an LM head sharing the embedding) can't be saved twice in
     safetensors; keeping the first name, the embedding's, is what ``save_pretrained`` does.
     """
-    state = model.state_dict()
+    state = model.state_dict() if isinstance(model, torch.nn.Module) else model
     return {names[0]: state[names[0]].detach().contiguous() for names in tied_groups(state)}
 
 
-def write_weights(model: torch.nn.Module, config_json: str, source: Path, target: Path) -> str:
-    """Write ``model`` into the new directory ``target``; return its digest."""
+def write_weights(
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
+    config_json: str,
+    source: Path,
+    target: Path,
+) -> str:
+    """Write ``model`` (or a state dict) into the new directory ``target``; return its digest."""
     target.mkdir(parents=True)
     data = save(unique_tensors(model), metadata={"format": "pt"})
     (target / WEIGHTS_FILE).write_bytes(data)

@@ -10,10 +10,18 @@ tensor on a gloo group of their own (no pickle crosses the boundary):
   the checkpoint rank 0 names (``OUT_DIR`` must be one directory for every rank, as it
   already is for the generators that load its weights), then takes rank 0's weights.
   Loading beats broadcasting the optimizer state: its tensors exist only after a first
-  step, so a follower could not receive them into anything.
+  step, so a follower could not receive them into anything.  A sharded model cannot take
+  rank 0's weights by broadcast: its other ranks also load the published weights rank 0
+  took after that checkpoint, if any (``weights``), each cutting out its own shards; and
+  should rank 0 checkpoint while it resumes, a ``Sync`` goes out before that gather.
 - ``Train``: a batch, with rank 0's step and version (exports and lineage move them on
   rank 0 only) and a checksum of its weights; a follower whose weights differ stops the
-  job instead of drifting.  Both ranks then take the same trainer step with ``parallel``.
+  job instead of drifting.  Sharded, the checksum is a collective (the shards' sums are
+  all-reduced): every rank takes it together after each sync and step, and ``Train``
+  carries rank 0's.  Both ranks then take the same trainer step with ``parallel``.
+- ``Gather`` (``parallel = "fsdp"`` only): rank 0 exports (or checkpoints, with the
+  optimizer state); gathering a sharded model's full state is a collective, so every
+  rank joins it and drops what it got.  Only rank 0 writes the files.
 - ``Idle``: nothing to train; it keeps a follower's wait within the group's timeout.
 - ``Stop``: rank 0's service has stopped; the followers exit 0.
 
@@ -44,9 +52,14 @@ import torch.distributed as dist
 
 from protocol.codec import Codec
 from protocol.messages import ScoredRollout
-from services.learner.distributed import DataParallel, ParallelSettings
+from services.learner.distributed import (
+    DataParallel,
+    ParallelSettings,
+    ShardedDataParallel,
+    parallel_for,
+)
 from services.learner.service import LearnerService, LearnerSettings
-from services.learner.trainer import StepResult, Trainer
+from services.learner.trainer import Exported, StepResult, Trainer
 from services.runtime.logs import get_logger
 from services.runtime.orphans import exit_with_parent
 
@@ -57,6 +70,8 @@ _T = TypeVar("_T")
 class Sync(msgspec.Struct, tag="sync", frozen=True, kw_only=True):
     #: The checkpoint rank 0 resumed from or saved last; empty when there is none.
     checkpoint: str = ""
+    #: Published weights rank 0 took after that checkpoint (read by sharded ranks only).
+    weights: str = ""
 
 
 class Train(msgspec.Struct, tag="train", frozen=True, kw_only=True):
@@ -67,6 +82,11 @@ class Train(msgspec.Struct, tag="train", frozen=True, kw_only=True):
     items: list[ScoredRollout]
 
 
+class Gather(msgspec.Struct, tag="gather", frozen=True, kw_only=True):
+    #: A checkpoint (model and optimizer state); False: an export (the model).
+    optimizer: bool = False
+
+
 class Idle(msgspec.Struct, tag="idle", frozen=True, kw_only=True):
     pass
 
@@ -75,7 +95,7 @@ class Stop(msgspec.Struct, tag="stop", frozen=True, kw_only=True):
     reason: str = ""
 
 
-RankMessage = Sync | Train | Idle | Stop
+RankMessage = Sync | Train | Gather | Idle | Stop
 _MESSAGES: Codec[RankMessage] = Codec(RankMessage)
 
 
@@ -124,6 +144,12 @@ def checksum(model: torch.nn.Module) -> float:
     return float(torch.stack(sums).sum().item())
 
 
+def _collective_checksum(parallel: DataParallel, model: torch.nn.Module) -> float | None:
+    """Sharded: the checksum every rank takes at the same point; None when replicated (the
+    checksum is then local, taken when it is needed)."""
+    return parallel.checksum(model) if isinstance(parallel, ShardedDataParallel) else None
+
+
 class Leader:
     """Rank 0's side, held by the learner service: every call runs in a worker thread."""
 
@@ -139,6 +165,9 @@ class Leader:
         #: A step failed part-way (a rank died): the weights may hold part of an update
         #: that no ledger record covers, so they must not be checkpointed.
         self.broken = False
+        #: Sharded: the checksum all ranks took after the last sync or step.
+        self._checksum: float | None = None
+        self._synchronised = False
 
     @property
     def world_size(self) -> int:
@@ -146,19 +175,52 @@ class Leader:
 
     def synchronise(self, trainer: Trainer) -> None:
         """After rank 0 resumed: every rank loads the same checkpoint and rank 0's weights."""
-        path = trainer.checkpoint
-        self._send(Sync(checkpoint="" if path is None else str(path.resolve())))
+        path, weights = trainer.checkpoint, trainer.weights_from
+        self._send(
+            Sync(
+                checkpoint="" if path is None else str(path.resolve()),
+                weights="" if weights is None else str(weights.resolve()),
+            )
+        )
         self._guarded(lambda: self.parallel.prepare(trainer.model))
+        self._checksum = self._guarded(lambda: _collective_checksum(self.parallel, trainer.model))
+        self._synchronised = True
 
     def train(self, trainer: Trainer, items: list[ScoredRollout]) -> StepResult:
         message = Train(
             step=trainer.step,
             version=trainer.version,
-            checksum=checksum(trainer.model),
+            checksum=checksum(trainer.model) if self._checksum is None else self._checksum,
             items=items,
         )
         self._send(message)
-        return self._guarded(lambda: trainer.train(items))
+        result = self._guarded(lambda: trainer.train(items))
+        if self._checksum is not None:
+            self._checksum = self._guarded(
+                lambda: _collective_checksum(self.parallel, trainer.model)
+            )
+        return result
+
+    def export(self, trainer: Trainer, keep: int) -> Exported:
+        """``trainer.export``; sharded, every rank joins the gather."""
+        if not self.parallel.sharded:
+            return trainer.export(keep)
+        self._gather(trainer, optimizer=False)
+        return self._guarded(lambda: trainer.export(keep))
+
+    def save_checkpoint(self, trainer: Trainer, extra: dict[str, Any]) -> Path:
+        """``trainer.save_checkpoint``; sharded, every rank joins the gathers."""
+        if not self.parallel.sharded:
+            return trainer.save_checkpoint(extra)
+        self._gather(trainer, optimizer=True)
+        return self._guarded(lambda: trainer.save_checkpoint(extra))
+
+    def _gather(self, trainer: Trainer, *, optimizer: bool) -> None:
+        if not self._synchronised:
+            # Rank 0 checkpoints while it resumes (newer published weights), before the
+            # others have loaded anything: their shards must hold the same state first.
+            self.synchronise(trainer)
+        self._send(Gather(optimizer=optimizer))
 
     def idle(self) -> None:
         if time.monotonic() - self._said_at >= self._idle_every_s:
@@ -193,6 +255,8 @@ class Follower:
         self._channel = channel
         self._log = get_logger(component="follower", rank=parallel.rank)
         self.steps = 0
+        #: Sharded: the checksum all ranks took after the last sync or step.
+        self._checksum: float | None = None
 
     def run(self) -> int:
         settings = self.settings
@@ -211,20 +275,33 @@ class Follower:
                 self._sync(trainer, message)
             elif isinstance(message, Train):
                 self._train(trainer, message)
+            elif isinstance(message, Gather):
+                trainer.gather(message.optimizer)
 
     def _sync(self, trainer: Trainer, message: Sync) -> None:
         if message.checkpoint:
             trainer.load_checkpoint(Path(message.checkpoint))
+        if message.weights and self.parallel.sharded:
+            trainer.load_weights(
+                Path(message.weights), version=trainer.version, step=trainer.step, samples=0
+            )
         self.parallel.prepare(trainer.model)
-        self._log.info("rank_synchronised", checkpoint=message.checkpoint or None)
+        self._checksum = _collective_checksum(self.parallel, trainer.model)
+        self._log.info(
+            "rank_synchronised",
+            checkpoint=message.checkpoint or None,
+            weights=message.weights or None,
+        )
 
     def _train(self, trainer: Trainer, message: Train) -> None:
-        ours = checksum(trainer.model)
+        ours = checksum(trainer.model) if self._checksum is None else self._checksum
         if ours != message.checksum:
             raise OutOfStep(self.parallel.rank, message.step, ours, message.checksum)
         trainer.step, trainer.version = message.step, message.version
         before = self.parallel.micro_batches
         result = trainer.train(message.items)
+        if self._checksum is not None:
+            self._checksum = _collective_checksum(self.parallel, trainer.model)
         self.steps += 1
         self._log.info(
             "rank_step",
@@ -246,8 +323,15 @@ def serve(
     settings = dataclasses.replace(settings, device=rank_device(settings.device, parallel))
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    group = DataParallel.start(parallel, settings.device, settings.rank_timeout_s)
-    _log.info("rank_started", rank=parallel.rank, world_size=parallel.world_size, pid=os.getpid())
+    kind = parallel_for(settings.parallel)
+    group = kind.start(parallel, settings.device, settings.rank_timeout_s)
+    _log.info(
+        "rank_started",
+        rank=parallel.rank,
+        world_size=parallel.world_size,
+        parallel=settings.parallel,
+        pid=os.getpid(),
+    )
     try:
         channel = Channel.open(settings.rank_timeout_s)
         if parallel.rank == 0:

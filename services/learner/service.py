@@ -45,6 +45,7 @@ from protocol.messages import (
 from services.learner.acks import AckSettings, WeightAcks
 from services.learner.broadcast import BroadcastSettings, WeightServer, make_weight_server
 from services.learner.checkpoints import Loaded
+from services.learner.distributed import PARALLEL_MODES
 from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
@@ -52,7 +53,7 @@ from services.learner.published import Published, newest_published
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
 from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
-from services.runtime.settings import RuntimeSettings
+from services.runtime.settings import RuntimeSettings, SettingsError
 from services.runtime.stages import Stages
 
 if TYPE_CHECKING:
@@ -130,6 +131,16 @@ class LearnerSettings:
     #: Under torchrun: how long a rank waits in a collective for the others before the
     #: job fails (and how often, at most a quarter of it, an idle rank 0 says so).
     rank_timeout_s: float = 1800.0
+    #: Under torchrun: ``ddp`` replicates the model on every rank, ``fsdp`` shards it
+    #: (docs/operations.md).  A single process has nothing to shard over and ignores it.
+    parallel: str = "ddp"
+
+    def __post_init__(self) -> None:
+        if self.parallel not in PARALLEL_MODES:
+            raise SettingsError(
+                f"TEMPER_LEARNER_PARALLEL={self.parallel!r} is not one of "
+                f"{', '.join(PARALLEL_MODES)}"
+            )
 
     def trainer_config(self) -> TrainerConfig:
         return TrainerConfig(
@@ -448,7 +459,7 @@ class LearnerService(Service):
         if step % self.settings.publish_every:
             return False
         with stages.stage("export"):
-            exported = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
+            exported = await asyncio.to_thread(self._export)
         with stages.stage("publish"):
             await self._announce(exported)
         return True
@@ -486,9 +497,21 @@ class LearnerService(Service):
                 "uncommitted": ledger.uncommitted(),
             }
         }
-        await asyncio.to_thread(self.trainer.save_checkpoint, extra)
+        await asyncio.to_thread(self._save_checkpoint, extra)
         ledger.checkpointed()
         self._since_checkpoint = 0
+
+    def _export(self) -> Exported:
+        keep = self.settings.keep_versions
+        if self.ranks is None:
+            return self.trainer.export(keep)
+        return self.ranks.export(self.trainer, keep)
+
+    def _save_checkpoint(self, extra: dict[str, Any]) -> None:
+        if self.ranks is None:
+            self.trainer.save_checkpoint(extra)
+        else:
+            self.ranks.save_checkpoint(self.trainer, extra)
 
     async def _commit(self, *, all_closed: bool) -> None:
         intervals, ids = self._ledger.committable(all_closed=all_closed)
@@ -529,7 +552,7 @@ class LearnerService(Service):
         if current is None or current.version != self.trainer.version:
             current = await asyncio.to_thread(self.trainer.current_weights)
         if current is None:
-            current = await asyncio.to_thread(self.trainer.export, self.settings.keep_versions)
+            current = await asyncio.to_thread(self._export)
         await self._announce(current)
 
     async def _announce(self, exported: Exported) -> None:

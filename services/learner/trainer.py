@@ -221,6 +221,9 @@ class Trainer:
         #: The checkpoint file resumed from or saved last: under torchrun, the other ranks
         #: load the optimizer state and position of this one.
         self.checkpoint: Path | None = None
+        #: The published weights taken after that checkpoint, if any: a sharded model's
+        #: other ranks load them too (a replicated one takes rank 0's by broadcast).
+        self.weights_from: Path | None = None
 
     # ------------------------------------------------------------------ training
 
@@ -306,15 +309,24 @@ class Trainer:
         merged = _merge(stats)
         if not math.isfinite(merged.loss):
             raise NonFinite(f"loss is {merged.loss}")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        norm = self._clip()
         if not torch.isfinite(norm):
             raise NonFinite(f"gradient norm is {float(norm)}")
         self.optimizer.step()
         return merged
 
+    def _clip(self) -> torch.Tensor:
+        if (sharding := self._sharding()) is not None:
+            return sharding.clip(self.model, self.config.grad_clip)
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+
     def _micro_batches(self, rows: int) -> list[slice]:
         slices = _slices(rows, self.config.micro_batch)
-        return slices if self._parallel is None else self._parallel.share(slices)
+        if self._parallel is None:
+            return slices
+        if self._parallel.sharded and len(slices) % self._parallel.world_size:
+            slices = _even_slices(slices, rows, self._parallel.world_size)
+        return self._parallel.share(slices)
 
     def _backward(self, part: _Part, micro: slice, total: int) -> LossStats:
         rows = part.rows
@@ -430,7 +442,8 @@ class Trainer:
         target = self.out_dir / "weights" / f"v{version}"
         staging = target.with_name(f".v{version}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        digest = write_weights(self.model, self._config_json, self.source, staging)
+        weights = self.model if self._sharding() is None else self._model_state()
+        digest = write_weights(weights, self._config_json, self.source, staging)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         self.version = version
@@ -450,12 +463,13 @@ class Trainer:
         comes back from :meth:`resume`."""
         with self._lock:
             self.checkpoint = self.checkpoints.save(self._state(extra or {}), self.version)
+            self.weights_from = None  # the checkpoint holds them now
             return self.checkpoint
 
     def _state(self, extra: dict[str, Any]) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": self._model_state(),
+            "optimizer": self._optimizer_state(),
             "step": self.step,
             "version": self.version,
             "rng": torch.get_rng_state(),
@@ -463,6 +477,31 @@ class Trainer:
             "consumed": self.consumed,
             "extra": extra,
         }
+
+    def _sharding(self) -> DataParallel | None:
+        """The ranks when they shard the model: its state is then read by gathers that
+        every rank joins (see ``gather``) and loaded shard by shard."""
+        parallel = self._parallel
+        return parallel if parallel is not None and parallel.sharded else None
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        if (sharding := self._sharding()) is not None:
+            return sharding.full_state(self.model)
+        state: dict[str, torch.Tensor] = self.model.state_dict()
+        return state
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if (sharding := self._sharding()) is not None:
+            return sharding.full_optimizer_state(self.model, self.optimizer)
+        return self.optimizer.state_dict()
+
+    def gather(self, optimizer: bool) -> None:
+        """A rank other than 0's part in rank 0's export (or checkpoint, with
+        ``optimizer``) of a sharded model: the same gathers, their results dropped."""
+        with self._lock:
+            self._model_state()
+            if optimizer:
+                self._optimizer_state()
 
     def resume(self) -> Loaded | None:
         """Load the newest readable checkpoint (skipping damaged ones); None if none."""
@@ -479,8 +518,11 @@ class Trainer:
         self.checkpoint = path
 
     def _load(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if (sharding := self._sharding()) is not None:
+            sharding.load(self.model, self.optimizer, state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.version = int(state["version"])
         if "rng" in state:
@@ -496,7 +538,11 @@ class Trainer:
 
         published: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         with self._lock:
-            self.model.load_state_dict(published.state_dict())
+            if (sharding := self._sharding()) is not None:
+                sharding.load(self.model, None, published.state_dict(), None)
+            else:
+                self.model.load_state_dict(published.state_dict())
+            self.weights_from = path
             self.version, self.step = version, step
             self.consumed += samples
 
@@ -576,6 +622,16 @@ def _filtered(item: ScoredRollout) -> bool:
 
 def _slices(total: int, size: int) -> list[slice]:
     return [slice(start, start + size) for start in range(0, total, size)]
+
+
+def _even_slices(slices: list[slice], total: int, ranks: int) -> list[slice]:
+    """``total`` rows in the next multiple of ``ranks`` above ``len(slices)`` micro-batches,
+    as even as can be (so none grows): FSDP needs as many on every rank.  With fewer rows
+    than that, ``slices`` stay as they are, for ``share`` to refuse."""
+    wanted = -(-len(slices) // ranks) * ranks
+    if wanted > total:
+        return slices
+    return [slice(total * i // wanted, total * (i + 1) // wanted) for i in range(wanted)]
 
 
 def _diversity(items: list[ScoredRollout]) -> float:

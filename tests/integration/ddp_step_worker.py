@@ -1,7 +1,9 @@
 """One rank of the data-parallel learner test: run under torchrun, train the fixed batch
-for a few steps, and save this rank's parameters and step losses.
+for a few steps, and save this rank's parameters and step losses (the full ones, sharded).
 
-    torchrun --standalone --nproc-per-node 2 -m tests.integration.ddp_step_worker MODEL OUT
+    torchrun --standalone --nproc-per-node 2 -m tests.integration.ddp_step_worker MODEL OUT MODE
+
+MODE is the learner's ``parallel`` setting: ``ddp`` or ``fsdp``.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from protocol.messages import ChatMessage, Rollout, ScoredRollout, ScoreStatus, Segment, Task
 from protocol.packed import pack_f32, pack_i32, pack_u8
-from services.learner.distributed import DataParallel, ParallelSettings
+from services.learner.distributed import ParallelSettings, parallel_for
 from services.learner.trainer import Trainer, TrainerConfig
 
 PROMPT = [1, 341, 203, 317, 309, 2, 203, 1, 347, 203]
@@ -51,30 +54,39 @@ def _item(task_id: str, index: int, completion: list[int]) -> ScoredRollout:
     return ScoredRollout(id=rollout.id, rollout=rollout, reward=reward, status=ScoreStatus.SCORED)
 
 
-def train(trainer: Trainer) -> list[float]:
-    """The loss of each step; the last one has a single micro-batch, so rank 1 has no
-    share and its gradients come from rank 0 alone."""
-    steps = [batch()] * STEPS + [batch()[:2]]
+def train(trainer: Trainer, mode: str = "ddp") -> list[float]:
+    """The loss of each step.  DDP: the last one has a single micro-batch, so rank 1 has
+    no share and its gradients come from rank 0 alone.  FSDP needs as many micro-batches
+    on every rank: the trainer splits three into four (of one and two rows), and the last
+    step's single one (two rows a minibatch) into two of one row."""
+    steps = [batch()] * STEPS + [batch()[: 2 if mode == "ddp" else 4]]
     return [trainer.train(items).loss.loss for items in steps]
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor gathered (a collective); a replicated one as it is."""
+    whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return whole.detach().clone()
+
+
 def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    return {k: _whole(v) for k, v in trainer.model.state_dict().items()}
 
 
 def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     """The last update's gradients (the next update clears them)."""
     named = trainer.model.named_parameters()
-    return {k: p.grad.detach().clone() for k, p in named if p.grad is not None}
+    return {k: _whole(p.grad) for k, p in named if p.grad is not None}
 
 
-def main(model: Path, out: Path) -> None:
+def main(model: Path, out: Path, mode: str) -> None:
     settings = ParallelSettings.from_env(os.environ)
     assert settings is not None, "run me under torchrun"
-    parallel = DataParallel.start(settings, "cpu")
+    parallel = parallel_for(mode).start(settings, "cpu")
     try:
-        trainer = Trainer(model, out / f"run{settings.rank}", CONFIG, parallel=parallel)
-        losses = train(trainer)
+        run = out / f"run{settings.rank}"
+        trainer = Trainer(model, run, CONFIG, parallel=parallel)
+        losses = train(trainer, mode)
         state = {"params": parameters(trainer), "grads": gradients(trainer), "losses": losses}
         torch.save(state, out / f"rank{settings.rank}.pt")
     finally:
@@ -82,4 +94,4 @@ def main(model: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])

@@ -1,5 +1,6 @@
-"""A data-parallel learner step under torchrun (two CPU ranks, gloo, loopback) equals
-the single-process step: same parameters within float rounding, identical on every rank."""
+"""A data-parallel learner step under torchrun (two CPU ranks, gloo, loopback), replicated
+(``ddp``) or sharded (``fsdp``), equals the single-process step: same parameters within
+float rounding, identical on every rank."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 RANKS = 2
 
 
-def _torchrun(model: Path, out: Path) -> None:
+def _torchrun(model: Path, out: Path, mode: str) -> None:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={RANKS}", "-m", "tests.integration.ddp_step_worker",
-        str(model), str(out),
+        str(model), str(out), mode,
     ]  # fmt: skip
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
@@ -43,14 +44,17 @@ def _close(
 
 
 @pytest.mark.timeout(300)
-def test_two_ranks_take_the_single_process_step(tiny_model: Path, tmp_path: Path) -> None:
-    _torchrun(tiny_model, tmp_path)
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_ranks_take_the_single_process_step(
+    mode: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    _torchrun(tiny_model, tmp_path, mode)
     ranks: list[dict[str, Any]] = [torch.load(tmp_path / f"rank{r}.pt") for r in range(RANKS)]
     for name, value in ranks[1]["params"].items():
         assert torch.equal(value, ranks[0]["params"][name]), f"ranks differ at {name}"
     single = Trainer(tiny_model, tmp_path / "single", CONFIG)
     before = parameters(single)
-    losses = train(single)
+    losses = train(single, mode)
     after, grads = parameters(single), gradients(single)
     moved = max(float((after[k] - before[k]).abs().max()) for k in after)
     assert moved > 1e-4, "the steps did not move the weights; the comparison proves nothing"

@@ -1,7 +1,9 @@
 """The learner service under torchrun (two CPU ranks, gloo, loopback) against a real
 nats-server and replay buffer: rank 0 serves, rank 1 follows and takes part in every
 step; a clean stop ends both ranks; ``kill -9`` of either rank ends the job in bounded
-time, and the restarted job trains every rollout exactly once."""
+time, and the restarted job trains every rollout exactly once.  Sharded (``fsdp``), the
+published weights are what one process trains from the same batches, and a restarted
+job resumes from the gathered checkpoint."""
 
 from __future__ import annotations
 
@@ -12,17 +14,26 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from protocol import subjects
 from protocol.codec import Codec
-from protocol.messages import Stats
+from protocol.messages import ScoredRollout, Stats
+from protocol.packed import pack_f32
+from services.learner.checkpoints import CheckpointStore
+from services.learner.checkpoints import read as read_checkpoint
+from services.learner.export import WEIGHTS_FILE, unique_tensors
 from services.learner.ledger_check import LedgerReport, check
+from services.learner.service import LearnerSettings
+from services.learner.trainer import Trainer
 from services.replay.service import ReplayService, ReplaySettings
 from tests.integration.chaos import policy_updates
 from tests.integration.support import client, runtime
@@ -33,6 +44,13 @@ from tests.unit.test_replay_buffer import scored
 REPO = Path(__file__).resolve().parents[2]
 #: Eight samples a step in micro-batches of two: four micro-batches, two for each rank.
 BATCH = 8
+#: Sharded, with a learning rate large enough that a few steps move the weights well past
+#: float rounding, and a checkpoint after every step.
+SHARDED = {
+    "TEMPER_LEARNER_PARALLEL": "fsdp",
+    "TEMPER_LEARNER_LR": "1e-2",
+    "TEMPER_LEARNER_CHECKPOINT_EVERY": "1",
+}
 #: torchrun gives a stopping rank 30 s before it kills it; the rest is start-up slack.
 EXIT_BOUND_S = 60.0
 
@@ -77,7 +95,7 @@ class Job:
         return self.log.read_text(errors="replace")[-6000:]
 
 
-def _env(nats_url: str, model: Path, out: Path) -> dict[str, str]:
+def _env(nats_url: str, model: Path, out: Path, overrides: dict[str, str]) -> dict[str, str]:
     return {
         **os.environ,
         "TEMPER_NATS_URL": nats_url,
@@ -97,11 +115,14 @@ def _env(nats_url: str, model: Path, out: Path) -> dict[str, str]:
         "TEMPER_LEARNER_RANK_TIMEOUT_S": "60",
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
+        **overrides,
     }
 
 
 @contextlib.asynccontextmanager
-async def _job(nats_url: str, model: Path, out: Path, name: str) -> AsyncIterator[Job]:
+async def _job(
+    nats_url: str, model: Path, out: Path, name: str, **overrides: str
+) -> AsyncIterator[Job]:
     """torchrun in a session of its own, so that whatever is left of it at the end (a
     failed test) is ended with it."""
     log = out.parent / f"{name}.log"
@@ -110,7 +131,7 @@ async def _job(nats_url: str, model: Path, out: Path, name: str) -> AsyncIterato
         proc = await asyncio.create_subprocess_exec(
             *command,
             cwd=REPO,
-            env=_env(nats_url, model, out),
+            env=_env(nats_url, model, out, overrides),
             stdout=sink,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
@@ -136,8 +157,10 @@ async def _replay(nats_url: str) -> AsyncIterator[ReplayService]:
         yield replay
 
 
-async def _feed(nats_url: str, groups: range) -> set[str]:
-    items = [scored(f"g{group}", index) for group in groups for index in (0, 1)]
+async def _feed(
+    nats_url: str, groups: range, make: Callable[[str, int], ScoredRollout] = scored
+) -> set[str]:
+    items = [make(f"g{group}", index) for group in groups for index in (0, 1)]
     async with client(nats_url) as nc:
         await _publish(nc, items)
     return {item.id for item in items}
@@ -255,3 +278,116 @@ async def test_killing_torchrun_ends_every_rank(
             os.kill(pid, signal.SIGKILL)
         assert not left, f"ranks {left} outlived torchrun:\n{job.tail()}"
         assert len(job.events("parent_exited")) == 2, job.tail()
+
+
+@pytest.mark.timeout(300)
+async def test_sharded_ranks_publish_the_single_process_weights_and_resume(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "learner"
+    store = CheckpointStore(out)
+    async with _replay(nats_url):
+        first = await _feed(nats_url, range(8), _likely)
+        async with _job(nats_url, tiny_model, out, "fsdp", **SHARDED) as job:
+            await _until_trained(out, first, job)
+            await _stop(job)
+            steps = check(_ledger(out)).steps
+            assert job.events("rank_stopped", rank=1, steps=steps), job.tail()
+        published, exported = _newest_weights(out)
+        single = _replayed(tiny_model, out, tmp_path / "single", _Start(), after=0)
+        _assert_close(exported, unique_tensors(single.model), unique_tensors(_start(tiny_model)))
+        # The gathered checkpoint loads in one process too, and holds the exported weights.
+        newest, older = store.candidates()[:2]
+        single.load_checkpoint(newest)
+        assert all(torch.equal(v, exported[k]) for k, v in unique_tensors(single.model).items())
+        # Without it, the restart resumes the older checkpoint (its sharded optimizer state
+        # included) and takes the newer published weights: it checkpoints them before the
+        # other rank has synchronised, which must then load them too.
+        newest.unlink()
+        second = await _feed(nats_url, range(8, 12), _likely)
+        async with _job(nats_url, tiny_model, out, "fsdp-resumed", **SHARDED) as job:
+            await _until_trained(out, first | second, job)
+            await _stop(job)
+            synced = job.events("rank_synchronised", rank=1)
+            assert synced[0]["weights"] == str(published.resolve()), job.tail()
+        resumed = read_checkpoint(newest, torch.device("cpu"))["model"]
+        assert all(torch.equal(resumed[k], v) for k, v in exported.items())
+    start = _Start(checkpoint=older, weights=published, step=steps)
+    single = _replayed(tiny_model, out, tmp_path / "single-resumed", start, after=steps)
+    _, final = _newest_weights(out)
+    _assert_close(final, unique_tensors(single.model), exported)
+    report = check(_ledger(out))
+    assert report.trained_ids == first | second and report.ok, report.summary()
+    assert report.trained_twice == [] and report.resumes >= 1, report.summary()
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where a single-process replay starts: the start model, or a checkpoint and the
+    published weights taken after it, as the restarted learner did."""
+
+    checkpoint: Path | None = None
+    weights: Path | None = None
+    step: int = 0
+
+
+def _newest_weights(out: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    versions = [p for p in (out / "weights").glob("v*") if p.name[1:].isdigit()]
+    newest = max(versions, key=lambda p: int(p.name[1:]))
+    return newest, load_file(newest / WEIGHTS_FILE)
+
+
+def _start(model: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    start: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    return start
+
+
+def _replayed(model: Path, out: Path, work: Path, start: _Start, after: int) -> Trainer:
+    """One process trained on the batches the ledger says the ranks trained on after step
+    ``after``, with one thread as each rank has: Adam's first updates are about ``lr``
+    times the sign of each gradient entry, so another thread count's rounding flips some."""
+    lr = float(SHARDED["TEMPER_LEARNER_LR"])
+    settings = LearnerSettings(model=model, out_dir=out, lr=lr, micro_batch=2)
+    trainer = Trainer(model, work, settings.trainer_config())
+    if start.checkpoint is not None:
+        trainer.load_checkpoint(start.checkpoint)
+    if start.weights is not None:
+        trainer.load_weights(start.weights, version=0, step=start.step, samples=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for raw in _ledger(out).read_text().splitlines():
+            record = json.loads(raw)
+            if record.get("kind") == "step" and record["step"] > after:
+                ids = [r["id"] for r in record["rollouts"]]
+                trainer.train([_likely(*_task_and_index(i)) for i in ids])
+    finally:
+        torch.set_num_threads(threads)
+    return trainer
+
+
+def _likely(task_id: str, index: int) -> ScoredRollout:
+    """A sample whose behaviour logprob is near the tiny model's (about -7.6): importance
+    weights near 1 give gradients well above Adam's epsilon, where float rounding (one
+    thread or several) would decide the update."""
+    item = scored(task_id, index)
+    rollout = msgspec.structs.replace(item.rollout, logprobs=pack_f32([-7.5]))
+    return msgspec.structs.replace(item, rollout=rollout)
+
+
+def _task_and_index(rollout_id: str) -> tuple[str, int]:
+    task, index = rollout_id.split("/")
+    return task, int(index)
+
+
+def _assert_close(
+    ours: dict[str, torch.Tensor], single: dict[str, torch.Tensor], start: dict[str, torch.Tensor]
+) -> None:
+    assert ours.keys() == single.keys()
+    moved = max(float((single[k] - start[k]).abs().max()) for k in single)
+    assert moved > 1e-4, "training did not move the weights; the comparison proves nothing"
+    for name, value in ours.items():
+        gap = float((value - single[name]).abs().max())
+        assert gap <= 1e-2 * moved, f"{name}: {gap:.3g} off the single process ({moved:.3g})"

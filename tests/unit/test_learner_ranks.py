@@ -14,6 +14,7 @@ from services.learner.distributed import DataParallel, ParallelSettings
 from services.learner.loss import LossStats
 from services.learner.ranks import (
     Follower,
+    Gather,
     Idle,
     Leader,
     OutOfStep,
@@ -25,7 +26,8 @@ from services.learner.ranks import (
     torchrun_command,
 )
 from services.learner.service import LearnerSettings
-from services.learner.trainer import Trainer
+from services.learner.trainer import Trainer, _even_slices
+from services.runtime.settings import SettingsError
 from tests.integration.ddp_step_worker import CONFIG, batch
 from tests.unit.test_cli_parsing import run_main
 
@@ -71,7 +73,8 @@ def _follower(tiny_model: Path, tmp_path: Path, channel: _Replay) -> tuple[Follo
 def test_messages_cross_as_typed_msgpack() -> None:
     train = Train(step=3, version=5, checksum=1.25, items=batch()[:2])
     assert MESSAGES.decode(MESSAGES.encode(train)) == train
-    for message in (Sync(checkpoint="/c/v1.pt"), Idle(), Stop(reason="done")):
+    sync = Sync(checkpoint="/c/v1.pt", weights="/w/v2")
+    for message in (sync, Gather(optimizer=True), Idle(), Stop(reason="done")):
         assert MESSAGES.decode(MESSAGES.encode(message)) == message
 
 
@@ -124,6 +127,27 @@ def test_rank_zero_announces_each_step_and_marks_itself_broken_when_one_fails(
     with pytest.raises(RuntimeError):
         leader.train(trainer, batch())
     assert leader.broken
+
+
+def test_parallel_is_ddp_or_fsdp() -> None:
+    assert LearnerSettings().parallel == "ddp"
+    assert LearnerSettings(parallel="fsdp").parallel == "fsdp"
+    with pytest.raises(SettingsError, match="TEMPER_LEARNER_PARALLEL='zero' is not one of"):
+        LearnerSettings(parallel="zero")
+
+
+@pytest.mark.parametrize(
+    ("rows", "size", "sizes"),
+    [(6, 2, [1, 2, 1, 2]), (2, 2, [1, 1]), (8, 2, [2, 2, 2, 2]), (1, 2, [1])],
+)
+def test_sharded_micro_batches_split_evenly_over_the_ranks(
+    rows: int, size: int, sizes: list[int]
+) -> None:
+    """As many on every rank, none larger than asked; too few rows stay for ``share``."""
+    slices = [slice(start, start + size) for start in range(0, rows, size)]
+    if len(slices) % 2:
+        slices = _even_slices(slices, rows, 2)
+    assert [len(range(rows)[s]) for s in slices] == sizes
 
 
 def test_the_convenience_command_is_torchrun_on_this_host() -> None:
