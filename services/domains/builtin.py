@@ -15,6 +15,7 @@ from services.domains import (
     word_problems,
 )
 from services.domains.api import Domain
+from services.domains.documents import family as documents_family
 
 #: ``(name, params) -> Domain``: how a config file's ``kind`` becomes a domain.
 Kind = Callable[[str, Mapping[str, Any]], Domain]
@@ -25,6 +26,7 @@ KINDS: Final[Mapping[str, Kind]] = {
     "python_functions": python_functions.domain,
     "compiled_functions": compiled_functions.domain,
     "doc_qa": doc_qa.domain,
+    "documents": documents_family.domain,
     "tool_use": tool_use.domain,
     "jsonl": jsonl.domain,
 }

@@ -37,6 +37,10 @@ def _document_and_answer(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("document", "answer")
 
 
+def _document(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("document",)
+
+
 def _tests(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("tests",)
 
@@ -46,6 +50,7 @@ METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "exact": _answer_key,
     "math": _answer_key,
     "doc_qa": _document_and_answer,
+    "doc_file": _document,
     "code": _tests,
 }
 

@@ -22,6 +22,7 @@ from services.domains.registry import resolve
 from services.validator import rules
 from services.validator.base import Validator
 from services.validator.code import UnitTests
+from services.validator.documents.judge import DocumentCache, DocumentFileQA
 from services.validator.extract import EXTRACT_MODES, Extract
 from services.validator.reward_model import RewardBatcher, RewardModel, RewardModelScore
 from services.validator.sandbox import Sandbox
@@ -118,6 +119,18 @@ def _doc_qa(params: Params, domain: Domain, resources: Resources) -> Validator:
     )
 
 
+def _doc_file(params: Params, domain: Domain, resources: Resources) -> Validator:
+    cache_dir = params.text("cache_dir", "")
+    return DocumentFileQA(
+        rel_tol=params.number("rel_tol", 0.005, 0.0, 1.0),
+        abs_tol=params.number("abs_tol", 0.01, 0.0, 1e12),
+        cache=DocumentCache(
+            size=params.integer("cache_size", 32, 1, 100_000),
+            directory=Path(cache_dir) if cache_dir else None,
+        ),
+    )
+
+
 def _code(params: Params, domain: Domain, resources: Resources) -> Validator:
     if resources.sandbox is None:
         raise DomainError(domain.name, "the code validator needs a sandbox connection")
@@ -152,6 +165,7 @@ KINDS: Final[Mapping[str, Factory]] = {
     "tool_call": _tool_call,
     "length": _length,
     "doc_qa": _doc_qa,
+    "doc_file": _doc_file,
     "code": _code,
     "reward_model": _reward_model,
 }
