@@ -12,7 +12,11 @@ All generator instances share the durables, so each task still goes to one of th
 
 Domains are found from the stream's per-subject message counts (one ``STREAM.INFO``
 request with a subject filter, at most every ``refresh_s``), and their durables are
-created on first sight.  Everything else (in-progress
+created on first sight.  A tier with nothing to take does not poll: it listens on the
+tier's subjects (a core subscription, open only while nothing can be taken, so a busy
+generator gets no copies of the tasks) and asks again when a task is published, or every
+``idle_refresh_s`` for what becomes available without a publish (a task handed back by
+another instance, a quarantined domain's tasks).  Everything else (in-progress
 acks, naks, dead letters, the priority gate between tiers) is the pull consumer's, as
 for any other consumer: :class:`DomainSource` only decides which durable each message
 comes from.
@@ -26,9 +30,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from protocol import subjects
@@ -63,6 +69,9 @@ class Fairness:
     #: How often the stream is asked for its backlog: the longest a new task of an idle
     #: tier waits before it is seen.
     refresh_s: float = 0.1
+    #: How often an idle tier asks anyway: the longest a task that becomes available
+    #: again without being published (a nak elsewhere, an ack timeout) waits to be seen.
+    idle_refresh_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
 
 
@@ -107,6 +116,36 @@ class Backlog:
         self.counts.pop(domain, None)
 
 
+class Wake:
+    """A core subscription to a tier's task subjects: set when a task is published."""
+
+    def __init__(self, subscription: Subscription, published: asyncio.Event) -> None:
+        self._subscription = subscription
+        self._published = published
+
+    @classmethod
+    async def open(cls, nc: NATS, subject: str) -> Wake:
+        published = asyncio.Event()
+
+        async def on_task(_: Msg) -> None:
+            published.set()
+
+        return cls(await nc.subscribe(subject, cb=on_task), published)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once a task was published (and clears that), False after the timeout."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._published.wait()
+        published = self._published.is_set()
+        self._published.clear()
+        return published
+
+    async def close(self) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._subscription.unsubscribe()
+
+
 class DomainSource:
     """The message source of one tier: a :class:`Puller` per domain durable."""
 
@@ -120,6 +159,8 @@ class DomainSource:
         self._fair = fair
         self._backlog = Backlog(js, spec.stream, tier)
         self._pullers: dict[str, Puller] = {}
+        #: Open while the tier is idle (nothing in its stream).
+        self._wake: Wake | None = None
         self._log = get_logger(stream=spec.stream)
 
     async def fetch(self, count: int, wait_s: float) -> list[Msg]:
@@ -127,14 +168,29 @@ class DomainSource:
         deadline = self._fair.clock() + wait_s
         while True:
             msgs = await self._take(count)
+            if msgs and self._wake is not None:
+                await self._wake.close()  # busy: no copies of every task needed
+                self._wake = None
             left = deadline - self._fair.clock()
             if msgs or left <= 0:
                 return msgs
-            await asyncio.sleep(min(self._fair.refresh_s, left))
+            await self._wait(left)
+
+    async def _wait(self, left: float) -> None:
+        """Nothing could be taken: wait for a publish on the tier (or ``left`` seconds)."""
+        if self._wake is None:
+            self._wake = await Wake.open(self._nc, subjects.task_tier(self._tier))
+            self._backlog.at = float("-inf")  # ask once more: from now on no publish is missed
+        elif await self._wake.wait(left):
+            self._backlog.at = float("-inf")
+
+    def _refresh_due(self, now: float) -> bool:
+        every = self._fair.refresh_s if self._wake is None else self._fair.idle_refresh_s
+        return now - self._backlog.at >= every
 
     async def _take(self, count: int) -> list[Msg]:
         now = self._fair.clock()
-        if now - self._backlog.at >= self._fair.refresh_s:
+        if self._refresh_due(now):
             await self._backlog.refresh(now)
         quarantine = self._fair.quarantine
         waiting = [d for d in self._backlog.counts if quarantine.may_start(d, now)]
@@ -173,6 +229,9 @@ class DomainSource:
         return puller
 
     async def close(self) -> list[Msg]:
+        if self._wake is not None:
+            await self._wake.close()
+            self._wake = None
         left: list[Msg] = []
         for puller in self._pullers.values():
             left.extend(await puller.close())

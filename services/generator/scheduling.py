@@ -30,6 +30,9 @@ class SchedulingSettings:
     quarantine_min_samples: int = 20
     quarantine_threshold: float = 0.5
     quarantine_probe_s: float = 60.0
+    #: With nothing to take, a tier waits for a publish; it asks the stream anyway this
+    #: often, for tasks that come back without one (naks elsewhere, ack timeouts).
+    idle_refresh_s: float = 2.0
 
     def quarantine_settings(self) -> QuarantineSettings:
         return QuarantineSettings(
@@ -59,7 +62,12 @@ class DomainScheduler:
         self.settings = settings
         self.share = FairShare(weights, min_share=settings.min_share)
         self.quarantine = Quarantine(settings.quarantine_settings())
-        self.fairness = Fairness(share=self.share, quarantine=self.quarantine, clock=clock)
+        self.fairness = Fairness(
+            share=self.share,
+            quarantine=self.quarantine,
+            idle_refresh_s=settings.idle_refresh_s,
+            clock=clock,
+        )
         self._clock = clock
         self._in_flight: Counter[str] = Counter()
 

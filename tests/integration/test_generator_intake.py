@@ -140,3 +140,30 @@ async def test_the_tier_wide_durable_is_retired_and_its_tasks_still_served(
     finally:
         await source.close()
     assert sorted(TASKS.decode(m.data).id for m in got) == ["math-0", "math-1", "math-2"]
+
+
+async def test_an_idle_tier_waits_for_a_publish_instead_of_polling(nc: NATS) -> None:
+    """Idle, the intake asks the stream for its backlog twice (before and after it starts
+    listening), then only when a task is published: the idle refresh is set far beyond
+    the test, so only the publish explains the pick-up."""
+    fair = Fairness(share=FairShare({}), quarantine=Quarantine(), idle_refresh_s=600.0)
+    source = DomainSource(nc, nc.jetstream(), SPEC, TIER, fair)
+    asked: list[Msg] = []
+
+    async def count(msg: Msg) -> None:
+        asked.append(msg)
+
+    watch = await nc.subscribe(f"$JS.API.STREAM.INFO.{STREAM}", cb=count)
+    try:
+        for _ in range(10):  # ten idle fetches, as a generator's consumer loop makes them
+            assert await source.fetch(1, 0.2) == []
+        await nc.flush()
+        idle = len(asked)
+        await publish(nc.jetstream(), "late", 1)
+        got = await source.fetch(1, 30.0)
+        assert domains(got) == Counter({"late": 1})
+        await got[0].ack()
+    finally:
+        await watch.unsubscribe()
+        await source.close()
+    assert idle == 2, f"{idle} backlog requests in 2 s of idling"
