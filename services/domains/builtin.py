@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from services.domains import (
     arithmetic,
+    cad,
     compiled_functions,
     doc_qa,
     jsonl,
@@ -25,6 +26,7 @@ KINDS: Final[Mapping[str, Kind]] = {
     "word_problems": word_problems.domain,
     "python_functions": python_functions.domain,
     "compiled_functions": compiled_functions.domain,
+    "cad_parts": cad.domain,
     "doc_qa": doc_qa.domain,
     "documents": documents_family.domain,
     "tool_use": tool_use.domain,

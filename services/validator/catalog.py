@@ -45,6 +45,10 @@ def _tests(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("tests",)
 
 
+def _part(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("part",)
+
+
 #: The ``Task.metadata`` keys each built-in validator kind reads (the others read none).
 METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "exact": _answer_key,
@@ -52,6 +56,7 @@ METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "doc_qa": _document_and_answer,
     "doc_file": _document,
     "code": _tests,
+    "cad": _part,
 }
 
 

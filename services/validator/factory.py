@@ -21,6 +21,7 @@ from services.domains.params import Params
 from services.domains.registry import resolve
 from services.validator import rules
 from services.validator.base import Validator
+from services.validator.cad import CadPart
 from services.validator.code import UnitTests
 from services.validator.documents.judge import DocumentCache, DocumentFileQA
 from services.validator.extract import EXTRACT_MODES, Extract
@@ -143,6 +144,17 @@ def _code(params: Params, domain: Domain, resources: Resources) -> Validator:
     )
 
 
+def _cad(params: Params, domain: Domain, resources: Resources) -> Validator:
+    if resources.sandbox is None:
+        raise DomainError(domain.name, "the cad validator needs a sandbox connection")
+    return CadPart(
+        sandbox=resources.sandbox,
+        limits=domain.sandbox or SandboxLimits(),
+        grace_s=resources.sandbox_grace_s,
+        default_timeout_s=resources.sandbox_timeout_s,
+    )
+
+
 def _reward_model(params: Params, domain: Domain, resources: Resources) -> Validator:
     path = params.text("path", "")
     if not path:
@@ -167,6 +179,7 @@ KINDS: Final[Mapping[str, Factory]] = {
     "doc_qa": _doc_qa,
     "doc_file": _doc_file,
     "code": _code,
+    "cad": _cad,
     "reward_model": _reward_model,
 }
 

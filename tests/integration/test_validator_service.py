@@ -85,8 +85,8 @@ async def test_every_configured_domain_is_scored_through_the_running_service(nat
         by_domain = {s.rollout.task.domain: s for s in results}
         assert set(by_domain) == set(registry.names())
         for name, scored in by_domain.items():
-            if registry.get(name).kind in ("python_functions", "compiled_functions"):
-                # No sandbox service runs here: unit tests cannot run, and that is not a 0.
+            if registry.get(name).kind in ("python_functions", "compiled_functions", "cad_parts"):
+                # No sandbox service runs here: unit tests and renders cannot run; not a 0.
                 assert scored.status is ScoreStatus.INFRA_FAILURE, name
                 assert "no sandbox service answers" in (scored.error or "")
             else:

@@ -1,0 +1,111 @@
+"""OpenSCAD parts: render the candidate to STL in the sandbox, measure the mesh here.
+
+reward = share of the part's constraints met (:mod:`services.validator.cad_checks`);
+the details name each failed one with what was measured and what was expected.  A
+candidate that does not render (an OpenSCAD error, no STL, a render past its time
+limit) cannot be judged: ``invalid``, with OpenSCAD's own message.  Failures of the
+machinery (sandbox infra_error, no sandbox, no answer) are InfraFailure, as for
+unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from protocol.errors import ErrorCode
+from protocol.messages import Rollout, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from services.validator import extract
+from services.validator.base import InfraFailure, InvalidRollout, Verdict, reference
+from services.validator.cad_checks import SHAPES, Check, check_part
+from services.validator.cad_geometry import MeshError, load_stl
+from services.validator.sandbox import Sandbox, SandboxRejected
+
+if TYPE_CHECKING:
+    import trimesh
+
+#: Where the sandbox's ``openscad`` language writes the render.
+STL: Final = "out.stl"
+#: What OpenSCAD said, at most this much, in an unrenderable candidate's details.
+MESSAGE_CHARS: Final = 400
+
+
+def render_error(result: SandboxResult) -> str:
+    """Why a run left no STL, in OpenSCAD's words where it gave any (its ERROR lines first)."""
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if "ERROR" in line or "WARNING" in line]
+    said = "\n".join(errors or lines[-5:])[:MESSAGE_CHARS]
+    if result.status is SandboxStatus.OK:
+        # The sandbox leaves out an output over the request's output_bytes.
+        return f"OpenSCAD left no STL (or one over the output limit): {said or 'no message'}"
+    return f"OpenSCAD did not render ({result.status}): {said or result.error or 'no message'}"
+
+
+def verdict(checks: list[Check]) -> Verdict:
+    failed = [check.message for check in checks if not check.ok]
+    passed = len(checks) - len(failed)
+    if not failed:
+        return Verdict(1.0, f"all {len(checks)} checks passed")
+    return Verdict(
+        passed / len(checks), f"{passed}/{len(checks)} checks passed; " + "; ".join(failed)
+    )
+
+
+def part_spec(rollout: Rollout) -> Mapping[str, Any]:
+    spec = reference(rollout.task, "part")
+    if not isinstance(spec, Mapping) or spec.get("shape") not in SHAPES:
+        raise InvalidRollout(f"task {rollout.task.id}: metadata['part'] is not a part spec")
+    return spec
+
+
+def measure(stl: bytes, spec: Mapping[str, Any]) -> Verdict:
+    """The checks on the rendered mesh (CPU work: run it off the event loop)."""
+    try:
+        mesh: trimesh.Trimesh = load_stl(stl)
+    except MeshError as error:
+        raise InvalidRollout(str(error)) from None
+    return verdict(check_part(mesh, spec))
+
+
+@dataclass(frozen=True)
+class CadPart:
+    sandbox: Sandbox
+    limits: SandboxLimits
+    #: Request timeout = the render's time limit + this (start-up, queueing, the reply).
+    grace_s: float
+    #: Used when the domain sets no time limit (the sandbox service then applies its own).
+    default_timeout_s: float
+
+    async def score(self, rollout: Rollout) -> Verdict:
+        spec = part_spec(rollout)
+        text = rollout.completion_text
+        code = extract.code_block(text, "openscad") or extract.code_block(text, "scad")
+        if code is None:
+            return Verdict(0.0, "no ```openscad code block")
+        result = await self._render(rollout.id, code)
+        if isinstance(result, Verdict):
+            return result
+        if result.status is SandboxStatus.INFRA_ERROR:
+            raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
+        stl = result.outputs.get(STL)
+        if result.status is not SandboxStatus.OK or stl is None:
+            raise InvalidRollout(render_error(result))
+        return await asyncio.to_thread(measure, stl, spec)
+
+    async def _render(self, rollout_id: str, code: str) -> SandboxResult | Verdict:
+        request = SandboxExec(
+            id=f"validate-{rollout_id}",
+            language="openscad",
+            code=code,
+            limits=self.limits,
+            outputs=[STL],
+        )
+        timeout_s = (self.limits.timeout_s or self.default_timeout_s) + self.grace_s
+        try:
+            return await self.sandbox.run(request, timeout_s)
+        except SandboxRejected as error:
+            if error.code is ErrorCode.TOO_LARGE:
+                return Verdict(0.0, f"candidate refused: {error.message}")
+            raise InfraFailure(str(error)) from None

@@ -1,0 +1,205 @@
+"""The cad_parts geometry checks on meshes built in trimesh (no sandbox, no OpenSCAD)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import trimesh
+
+from protocol.errors import ErrorCode
+from protocol.messages import Rollout, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from services.domains.cad import domain
+from services.domains.cad_parts import tooth_area
+from services.validator.base import InfraFailure, InvalidRollout
+from services.validator.cad import CadPart, verdict
+from services.validator.cad_checks import Check, check_part
+from services.validator.cad_geometry import body_count, ray_hits, through_holes
+from services.validator.sandbox import SandboxRejected
+from tests.unit import cad_meshes
+
+TOLERANCES = {"tolerance_mm": 0.2, "volume_tolerance": 0.02}
+#: Plate: 6 x 4 tiles of 10 mm, 5 mm thick; hole 1 (d 6) in tile (1, 1), hole 2 (d 6) in (4, 2).
+HOLES = {(1, 1): 6.0, (4, 2): 6.0}
+
+
+def plate_spec() -> dict[str, Any]:
+    holes = [[15, 15, 6.0], [45, 25, 6.0]]
+    volume = (60 * 40 - 2 * math.pi * 9) * 5
+    return {"shape": "plate", "size": [60, 40, 5], "holes": holes, "volume": volume, **TOLERANCES}
+
+
+def failed(checks: list[Check]) -> dict[str, str]:
+    return {check.name: check.message for check in checks if not check.ok}
+
+
+def test_the_right_plate_scores_one() -> None:
+    mesh = cad_meshes.plate(6, 4, 10.0, 5.0, HOLES)
+    assert mesh.is_watertight and through_holes(mesh, body_count(mesh)) == 2
+    score = verdict(check_part(mesh, plate_spec()))
+    assert (score.score, score.message) == (1.0, "all 9 checks passed")
+
+
+def test_a_wrong_hole_diameter_fails_that_hole_alone() -> None:
+    mesh = cad_meshes.plate(6, 4, 10.0, 5.0, {**HOLES, (4, 2): 5.0})
+    wrong = failed(check_part(mesh, plate_spec()))
+    assert set(wrong) == {"hole 2 diameter"}
+    assert wrong["hole 2 diameter"].startswith("hole 2 diameter 4.9")
+    assert wrong["hole 2 diameter"].endswith("mm, expected 6.00 +- 0.2")
+    assert verdict(check_part(mesh, plate_spec())).score == pytest.approx(8 / 9)
+
+
+def test_a_missing_hole_fails_its_checks_and_the_hole_count() -> None:
+    mesh = cad_meshes.plate(6, 4, 10.0, 5.0, {(1, 1): 6.0})
+    wrong = failed(check_part(mesh, plate_spec()))
+    assert set(wrong) == {"through-holes", "hole 2 position", "hole 2 diameter"}
+    assert wrong["through-holes"] == "1 through-holes, expected 2"
+    assert wrong["hole 2 position"].startswith("hole 2 missing: material at (45, 25)")
+
+
+def test_a_shifted_hole_fails_its_position() -> None:
+    spec = plate_spec()
+    spec["holes"][0] = [15, 15.5, 6.0]
+    wrong = failed(check_part(cad_meshes.plate(6, 4, 10.0, 5.0, HOLES), spec))
+    assert set(wrong) == {"hole 1 position"}
+    assert wrong["hole 1 position"].startswith("hole 1 centre (15.00, 15.00), expected (15, 15.5)")
+
+
+def test_a_wrong_bounding_box_fails_it_and_the_volume() -> None:
+    mesh = cad_meshes.plate(7, 4, 10.0, 5.0, HOLES)  # 70 mm long instead of 60
+    wrong = failed(check_part(mesh, plate_spec()))
+    assert set(wrong) == {"bounding box", "volume"}
+    assert "[70.00, 40.00, 5.00] mm, expected" in wrong["bounding box"]
+
+
+def test_an_open_mesh_fails_watertightness_and_what_needs_a_closed_one() -> None:
+    mesh = cad_meshes.plate(6, 4, 10.0, 5.0, HOLES)
+    top = np.flatnonzero(mesh.triangles_center[:, 2] > 4.9)[:3]
+    mesh.update_faces(np.setdiff1d(np.arange(len(mesh.faces)), top))
+    wrong = failed(check_part(mesh, plate_spec()))
+    assert {"watertight", "through-holes", "volume"} <= set(wrong)
+    assert wrong["volume"] == "not measurable: the mesh is not watertight"
+
+
+def gear_spec(teeth: int = 12, bore: float = 6.0) -> dict[str, Any]:
+    root, width, height, thickness = 30.0, 3.0, 3.0, 4.0
+    area = math.pi * (root**2 - bore**2) / 4 + teeth * tooth_area(root / 2, width, height)
+    return {
+        "shape": "gear",
+        "teeth": teeth,
+        "root_diameter": root,
+        "tooth_width": width,
+        "tooth_height": height,
+        "thickness": thickness,
+        "bore": bore,
+        "volume": area * thickness,
+        **TOLERANCES,
+    }
+
+
+def test_the_right_gear_scores_one_and_a_wrong_tooth_count_fails_teeth() -> None:
+    mesh = cad_meshes.gear(12, 30.0, 3.0, 3.0, 6.0, 4.0)
+    assert failed(check_part(mesh, gear_spec())) == {}
+    wrong = failed(check_part(mesh, gear_spec(teeth=13)))
+    assert "teeth" in wrong and wrong["teeth"].startswith("12 teeth at radius 16.50 mm")
+    wrong = failed(check_part(mesh, gear_spec(bore=8.0)))
+    assert "hole 1 diameter" in wrong
+
+
+def box_spec(wall: float = 2.0) -> dict[str, Any]:
+    volume = 50 * 30 * 20 - (50 - 2 * wall) * (30 - 2 * wall) * (20 - wall)
+    return {"shape": "box", "size": [50, 30, 20], "wall": wall, "volume": volume, **TOLERANCES}
+
+
+def test_the_right_box_scores_one_and_thin_walls_fail() -> None:
+    assert failed(check_part(cad_meshes.open_box(50, 30, 20, 2.0), box_spec())) == {}
+    wrong = failed(check_part(cad_meshes.open_box(50, 30, 20, 1.5), box_spec()))
+    assert set(wrong) == {"walls", "floor", "open top", "volume"}
+    assert wrong["walls"].startswith("-x wall 1.50 mm thick, +x wall 1.50 mm thick")
+
+
+def test_a_closed_box_fails_open_top() -> None:
+    closed = trimesh.creation.box([50, 30, 20])
+    closed.apply_translation([25, 15, 10])
+    wrong = failed(check_part(closed, box_spec()))
+    assert "open top" in wrong and "walls" in wrong
+
+
+def test_rays_report_each_crossing_once_even_through_a_shared_edge() -> None:
+    cube = trimesh.creation.box([2, 2, 2])
+    # Straight down through the centre: on the diagonal the top and bottom faces share.
+    hits = ray_hits(cube, np.array([[0.0, 0.0, 5.0]]), np.array([[0.0, 0.0, -1.0]]))[0]
+    assert hits.tolist() == pytest.approx([4.0, 6.0])
+
+
+@pytest.mark.parametrize("shape", ["plate", "gear", "box"])
+def test_the_domains_describe_their_part_and_keep_its_spec(shape: str) -> None:
+    part = domain(f"cad-{shape}", {"shape": shape, "level": 4, "scale": 2})
+    train, heldout = part.make_tasks(3, "train"), part.make_tasks(3, "eval")
+    assert {t.metadata["key"] for t in train}.isdisjoint(t.metadata["key"] for t in heldout)
+    spec = train[0].metadata["part"]
+    assert spec["shape"] == shape and spec["tolerance_mm"] == 0.2 and spec["volume"] > 0
+    assert "OpenSCAD" in train[0].prompt[0].content
+    assert part.examples(1)[0].reference.startswith("```openscad\n")
+    again = domain(f"cad-{shape}", {"shape": shape, "level": 4, "scale": 2})
+    assert again.make_tasks(3, "train") == train  # the key alone decides the part
+
+
+class FakeSandbox:
+    """Answers every render with one result (or one refusal)."""
+
+    def __init__(self, result: SandboxResult | SandboxRejected) -> None:
+        self.result = result
+        self.requests: list[SandboxExec] = []
+
+    async def run(self, request: SandboxExec, timeout_s: float) -> SandboxResult:
+        self.requests.append(request)
+        if isinstance(self.result, SandboxRejected):
+            raise self.result
+        return self.result
+
+
+def render(
+    result: SandboxResult | SandboxRejected, text: str = "```openscad\ncube(1);\n```"
+) -> Any:
+    example = domain("cad-box", {"shape": "box"}).examples(1)[0]
+    rollout = Rollout(id="r/0", task=example.task, sample_index=0, completion_text=text)
+    sandbox = FakeSandbox(result)
+    validator = CadPart(sandbox, SandboxLimits(timeout_s=3.0), grace_s=1.0, default_timeout_s=5.0)
+    return asyncio.run(validator.score(rollout)), sandbox.requests
+
+
+def test_the_validator_renders_in_the_sandbox_and_maps_its_failures() -> None:
+    stl = trimesh.creation.box([1, 1, 1]).export(file_type="stl")
+    scored, requests = render(
+        SandboxResult(id="x", status=SandboxStatus.OK, outputs={"out.stl": stl})
+    )
+    assert 0 < scored.score < 1 and "bounding box" in scored.message
+    assert (requests[0].language, requests[0].outputs, requests[0].code) == (
+        "openscad",
+        ["out.stl"],
+        "cube(1);\n",
+    )
+    said = "ERROR: Parser error: syntax error in file a.scad, line 1"
+    failed = SandboxResult(
+        id="x", status=SandboxStatus.NONZERO_EXIT, exit_code=1, stderr=f"noise\n{said}\n"
+    )
+    with pytest.raises(
+        InvalidRollout, match="did not render \\(nonzero_exit\\): ERROR: Parser error"
+    ):
+        render(failed)
+    with pytest.raises(InvalidRollout, match="left no STL"):
+        render(
+            SandboxResult(
+                id="x", status=SandboxStatus.OK, stderr="Current top level object is empty."
+            )
+        )
+    with pytest.raises(InfraFailure, match="container vanished"):
+        render(SandboxResult(id="x", status=SandboxStatus.INFRA_ERROR, error="container vanished"))
+    with pytest.raises(InfraFailure, match="unavailable"):
+        render(SandboxRejected(ErrorCode.UNAVAILABLE, "no sandbox free"))
+    assert render(SandboxRejected(ErrorCode.TOO_LARGE, "code too big"))[0].score == 0.0
+    assert render(SandboxResult(id="x", status=SandboxStatus.OK), text="no code")[0].score == 0.0
