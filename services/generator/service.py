@@ -29,15 +29,18 @@ from protocol.messages import (
     PolicyUpdate,
     Rollout,
     RolloutStatus,
+    Stats,
     Task,
     WeightFormat,
     WeightSyncAck,
+    rollout_id,
 )
 from services.domains.api import is_heldout
 from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, LoopLimits
 from services.generator.engine import Engine, EngineError
 from services.generator.intake import DURABLE, DomainConsumer
+from services.generator.sandbox_room import SandboxRoom
 from services.generator.scheduling import DomainScheduler
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
@@ -80,6 +83,7 @@ class GeneratorService(Service):
         self._generated_at_start = 0
         self._task_codec: Codec[Task] = Codec(Task)
         self.admission = StalenessAdmission(settings.admission_samples)
+        self.sandbox_room = SandboxRoom(settings.sandbox_report_stale_s)
         #: Per task: waiting for admission, generating, publishing; per update: reloading.
         self.stages = Stages()
 
@@ -120,6 +124,8 @@ class GeneratorService(Service):
         await self._catch_up_weights()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
         self.listen(subjects.domain_control(), Codec(DomainControl), self._on_domain_control)
+        if settings.tools == "sandbox" and settings.sandbox_admission:
+            self.listen(subjects.stats("sandbox"), Codec(Stats), self._on_sandbox_stats)
         for tier, spec in enumerate(streams.TASK_STREAMS):
             consumer = DomainConsumer(
                 self._consumer_spec(spec.name),
@@ -149,7 +155,11 @@ class GeneratorService(Service):
 
     def _toolbox(self) -> ToolBox:
         if self.settings.tools == "sandbox":
-            return SandboxTools(self.bus.nc, timeout_s=self.settings.tool_timeout_s)
+            return SandboxTools(
+                self.bus.nc,
+                timeout_s=self.settings.tool_timeout_s,
+                on_open=self.sandbox_room.opened,
+            )
         return LocalTools()
 
     async def intake_stopped(self) -> None:
@@ -157,6 +167,7 @@ class GeneratorService(Service):
         # learner stops first): hand them back at once rather than after the whole grace.
         await self.intake_ended(self.runtime.grace_s)
         self.admission.close()
+        self.sandbox_room.close()
 
     async def teardown(self) -> None:
         if self._receiver is not None:
@@ -185,8 +196,21 @@ class GeneratorService(Service):
         if not is_heldout(task):
             with self.stages.stage("admission"):
                 await self.admission.admit(task.n)
-        with self.stages.stage("generate"):
-            return await self._rollouts_for(task)
+        if not task.tools or self.settings.tools != "sandbox":
+            with self.stages.stage("generate"):
+                return await self._rollouts_for(task)
+        # One sandbox session per trajectory: the task's n samples each need one.
+        trajectories = [rollout_id(task.id, index) for index in range(task.n)]
+        with self.stages.stage("sandbox_admission"):
+            await self.sandbox_room.admit(trajectories)
+        try:
+            with self.stages.stage("generate"):
+                return await self._rollouts_for(task)
+        finally:
+            self.sandbox_room.finished(trajectories)
+
+    async def _on_sandbox_stats(self, stats: Stats, _: Request) -> None:
+        self.sandbox_room.report(stats.instance, stats.values)
 
     async def _publish(self, task: Task, rollouts: list[Rollout], delivery: Delivery) -> None:
         with self.stages.stage("publish"):
@@ -346,6 +370,7 @@ class GeneratorService(Service):
         values["weight_broadcast_failures"] = float(self.broadcast_failures)
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
+        values["sandbox_admission_waits"] = float(self.sandbox_room.waits)
         values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
         for status in RolloutStatus:

@@ -56,6 +56,10 @@ class GeneratorSettings:
     #: ``sandbox`` runs tool calls in the sandbox service; ``local`` are in-process test tools.
     tools: str = "sandbox"
     tool_timeout_s: float = 60.0
+    #: Hold a tool-using task until the sandbox pool reports a free session for it.
+    sandbox_admission: bool = True
+    #: A sandbox instance's report counts this long (it publishes every ``stats_s``).
+    sandbox_report_stale_s: float = 30.0
     #: Tasks whose domain is not registered come back as invalid rollouts.
     check_domains: bool = True
     #: Domain config (TOML); none means the built-in domains.

@@ -12,7 +12,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -122,12 +122,24 @@ _EXEC_REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorRepl
 class SandboxTools:
     """``python`` and ``bash`` tools run in a sandbox session of the sandbox service."""
 
-    def __init__(self, nc: NATS, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        timeout_s: float = 60.0,
+        on_open: Callable[[str], None] | None = None,
+    ) -> None:
         self._nc = nc
         self._timeout_s = timeout_s
+        #: Told the trajectory id once its session is open (sandbox-aware admission).
+        self._on_open = on_open
 
     async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession:
-        return _SandboxSession(self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers())
+        session = _SandboxSession(
+            self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers()
+        )
+        session.on_open = self._on_open
+        return session
 
 
 class _SandboxSession:
@@ -142,6 +154,8 @@ class _SandboxSession:
         trace: dict[str, str],
     ):
         self._nc = nc
+        self._trajectory = trajectory_id
+        self.on_open: Callable[[str], None] | None = None
         self._id = re.sub(r"[^A-Za-z0-9_-]", "-", trajectory_id)
         self._allowed = allowed
         self._timeout_s = timeout_s
@@ -165,6 +179,8 @@ class _SandboxSession:
             request = SandboxOpen(id=f"{self._id}-{uuid.uuid4().hex[:8]}")
             data = await self._request(subjects.sandbox_session(), encode(request))
             self._session = _decoded_session(data)
+            if self.on_open is not None:
+                self.on_open(self._trajectory)
         return self._session
 
     async def call(self, request: ToolCallRequest) -> ToolOutcome:

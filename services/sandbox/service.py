@@ -134,6 +134,8 @@ class SandboxService(Service):
         values = super().statistics()
         values.update(self.backend.statistics())
         values["sessions"] = float(len(self._sessions))
+        # Generators hold tool-using tasks until a session is free (sandbox_room.py).
+        values["sessions_free"] = float(max(0, self.settings.max_sessions - len(self._sessions)))
         values["executed"] = float(self.executed)
         return values
 

@@ -67,6 +67,7 @@ from protocol.messages import (
     SandboxOpen,
     SandboxSnapshotRequest,
     ScoredRollout,
+    Stats,
     StatusRequest,
     Task,
     WeightSyncAck,
@@ -154,6 +155,8 @@ def table(sandbox_instance: str) -> list[Target]:
         _request(subjects.domain_control(), DomainControl, 300),
         _event(subjects.policy_update(), PolicyUpdate, 500),
         _event(subjects.weight_ack("generator"), WeightSyncAck, 300),
+        # Generators read the sandbox pool's free sessions from its stats.
+        _event(subjects.stats("sandbox"), Stats, 300),
         Target("event", subjects.heartbeats(), subjects.heartbeat("fuzz"), Heartbeat, 400),
         Target("probe", subjects.ping(), subjects.ping(), None, 100),
         *probes,
@@ -207,13 +210,17 @@ async def discover(nc: NATS, monitor: str) -> Consumed:
         if not name.startswith("temper-"):
             continue
         service = name.removeprefix("temper-").split("-")[0]
+        wakes: set[str] = set()
         if service == "generator":
-            # Its fair intake makes a durable per domain as that domain's tasks arrive.
-            for spec in streams.TASK_STREAMS:
+            # Its fair intake makes a durable per domain as that domain's tasks arrive, and
+            # listens on an idle tier's subjects (payloads unread) for a publish: the task
+            # streams' fuzz covers both.
+            for tier, spec in enumerate(streams.TASK_STREAMS):
                 consumed.setdefault(spec.name, set())
+                wakes.add(subjects.task_tier(tier))
         for sub in conn.get("subscriptions_list_detail", []):
             # Reply inboxes and the server's own advisories are not input from anyone.
-            if not sub["subject"].startswith(("_INBOX.", "$")):
+            if not sub["subject"].startswith(("_INBOX.", "$")) and sub["subject"] not in wakes:
                 queue = sub.get("qgroup")
                 subscribed[sub["subject"]].add(f"{service}@{queue}" if queue else service)
     return Consumed(consumed, dict(subscribed))
@@ -497,7 +504,8 @@ def service_env(name: str, url: str, tmp: Path, sockets: Path, model: Path) -> d
             "TEMPER_GENERATOR_MODEL": str(model),
             "TEMPER_GENERATOR_THREADS": "1",
             "TEMPER_GENERATOR_TUNE_LINEARS": "false",
-            "TEMPER_GENERATOR_TOOLS": "local",
+            # Sandbox tools: the generator then also reads the sandbox's stats.
+            "TEMPER_GENERATOR_TOOLS": "sandbox",
             "TEMPER_GENERATOR_MAX_CONCURRENT_TASKS": "16",
             "TEMPER_GENERATOR_FETCH_WAIT_S": "0.2",
         },

@@ -10,6 +10,7 @@ task's first turn and answers after the tool's output.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -78,10 +79,10 @@ class ToolCaller:
 
     name = "tool-caller"
 
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, code: str = "print(6 * 7)") -> None:
         self._tokenizer = tokenizer
         self._seen: set[str] = set()
-        body = {"name": "python", "arguments": {"code": "print(6 * 7)"}}
+        body = {"name": "python", "arguments": {"code": code}}
         self._call = tokenizer.encode(f"<tool_call>{json.dumps(body)}</tool_call>")
         end = tokenizer.tool_call_end_id
         if end is not None and self._call[-1] != end:
@@ -202,3 +203,35 @@ async def test_domain_control_sets_weights_and_resumes_at_run_time(
     assert not resumed.applied, "nothing to resume"
     assert [d.state for d in held.domains if d.domain == "maths"] == ["quarantined"]
     assert lifted.applied and service.scheduler.held() == []
+
+
+async def test_tool_tasks_wait_for_a_free_sandbox_session(
+    nats_url: str,
+    nc: NATS,
+    tap: RolloutTap,
+    tiny_model: Path,
+    sandbox_image: str,
+    tmp_path: Path,
+) -> None:
+    """A pool of one session and three generator slots: without sandbox-aware admission
+    concurrent trajectories are refused a session (infra failures); with it each tool
+    task waits in its slot for the session, and every rollout is served."""
+    reporting = RuntimeSettings(nats_url=nats_url, instance="one-session", stats_s=0.2)
+    pool = dataclasses.replace(
+        _sandbox_settings(nats_url, sandbox_image, tmp_path), runtime=reporting, max_sessions=1
+    )
+    settings = _settings(
+        nats_url, tiny_model, tools="sandbox", tool_timeout_s=20.0, max_concurrent_tasks=3
+    )
+    # Each session is held a second: three trajectories at once would contend for it.
+    engine = ToolCaller(ChatTokenizer.load(tiny_model), "import time; time.sleep(1); print(42)")
+    async with SandboxService(pool), GeneratorService(settings, engine) as service:
+        async with asyncio.timeout(30):
+            while service.sandbox_room.room() is None:
+                await asyncio.sleep(0.1)
+        for i in range(4):
+            await _submit(nc.jetstream(), _task(f"boxed-{i}", "boxed", tools=("python",)))
+        await tap.wait(4, timeout_s=120)
+        waits = service.statistics()["sandbox_admission_waits"]
+    assert [r.status for r in tap.got] == [RolloutStatus.OK] * 4, [r.error for r in tap.got]
+    assert waits >= 1
