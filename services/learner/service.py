@@ -126,6 +126,9 @@ class LearnerSettings:
     sample_wait_s: float = 5.0
     #: The smallest batch worth a step: the buffer keeps a smaller one until it grows.
     min_samples: int = 8
+    #: Take no batch after this many steps (0: no limit); everything trained is
+    #: checkpointed and committed, and the service stays up until it is stopped.
+    max_steps: int = 0
     device: str = "cpu"
     seed: int = 0
     #: Under torchrun: how long a rank waits in a collective for the others before the
@@ -200,6 +203,7 @@ class LearnerService(Service):
         self._current: asyncio.Future[None] | None = None
         #: Under torchrun, rank 0's link to the other ranks (``services.learner.ranks``).
         self.ranks: Leader | None = None
+        self._reached_max_steps = False
 
     @property
     def trainer(self) -> Trainer:
@@ -331,6 +335,9 @@ class LearnerService(Service):
 
     async def _train_loop(self) -> None:
         while True:
+            if self.settings.max_steps and self.trainer.step >= self.settings.max_steps:
+                await self._after_last_step()
+                continue
             stages = Stages()
             with stages.stage("batch"):
                 batch = await self._next_batch()
@@ -475,6 +482,15 @@ class LearnerService(Service):
             await self._checkpoint()
         with stages.stage("commit"):
             await self._commit(all_closed=False)
+
+    async def _after_last_step(self) -> None:
+        if not self._reached_max_steps:
+            self._reached_max_steps = True
+            self.log.info("max_steps_reached", step=self.trainer.step)
+        await self._settle()
+        if self.ranks is not None:
+            await asyncio.to_thread(self.ranks.idle)
+        await asyncio.sleep(1.0)
 
     async def _settle(self) -> None:
         """The buffer has nothing to serve: commit everything trained.  Leased rollouts

@@ -228,3 +228,44 @@ async def _lose_one_reply(learner: Service) -> None:
     nc.request = request  # type: ignore[method-assign]
     async with asyncio.timeout(30):
         await lost.wait()
+
+
+async def test_the_learner_stops_at_max_steps_with_everything_trained_committed(
+    nats_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """``max_steps`` = 2, batches of 4 and 12 rollouts waiting: two steps, their rollouts
+    committed (not left leased), the rest left in the buffer for whoever comes next."""
+    from services.learner.service import LearnerService, LearnerSettings
+    from services.replay.service import ReplayService, ReplaySettings
+    from tests.integration.support import runtime
+    from tests.integration.test_replay_service import _publish, _until_held
+
+    settings = LearnerSettings(
+        runtime=runtime(nats_url, instance="lrn-max"),
+        model=tiny_model,
+        out_dir=tmp_path / "learner",
+        tensorboard=False,
+        batch_size=4,
+        sample_wait_s=0.2,
+        min_samples=4,
+        checkpoint_every=10,
+        max_steps=2,
+    )
+    replay_settings = ReplaySettings(runtime=runtime(nats_url, instance="replay-max"))
+    items = [scored(f"max{g}", i) for g in range(6) for i in (0, 1)]
+    async with client(nats_url) as nc, ReplayService(replay_settings) as replay:
+        await _publish(nc, items)
+        await _until_held(replay, len(items))
+        async with LearnerService(settings) as learner:
+            async with asyncio.timeout(60):
+                while not (_ledger(tmp_path).exists() and check(_ledger(tmp_path)).steps >= 2):
+                    await asyncio.sleep(0.1)
+                while replay.buffer.statistics()["leased"]:
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(1.5)  # a third step would come now, were it allowed
+            steps = learner.trainer.step
+        held = replay.buffer.statistics()["held"]
+    report = check(_ledger(tmp_path))
+    assert steps == 2 and report.steps == 2, report.summary()
+    assert len(report.trained_ids) == 8 and report.uncommitted == [] and report.ok
+    assert held == len(items) - 8
