@@ -37,6 +37,9 @@ SPLITS: Final[tuple[Split, ...]] = ("train", "eval")
 _MAX_ID: Final = 128
 #: Draws per wanted task before a split is declared too small to fill.
 _DRAWS_PER_TASK: Final = 200
+#: ``Task.metadata`` key of the files (relative path -> text) that a task's tool
+#: sandbox session starts with: the generator opens each trajectory's session with them.
+SANDBOX_FILES: Final = "sandbox_files"
 
 
 class DomainError(ValueError):

@@ -17,6 +17,7 @@ from services.domains import (
 )
 from services.domains.api import Domain
 from services.domains.documents import family as documents_family
+from services.domains.terminal import family as terminal_family
 
 #: ``(name, params) -> Domain``: how a config file's ``kind`` becomes a domain.
 Kind = Callable[[str, Mapping[str, Any]], Domain]
@@ -30,6 +31,7 @@ KINDS: Final[Mapping[str, Kind]] = {
     "doc_qa": doc_qa.domain,
     "documents": documents_family.domain,
     "tool_use": tool_use.domain,
+    "terminal": terminal_family.domain,
     "jsonl": jsonl.domain,
 }
 

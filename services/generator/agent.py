@@ -24,6 +24,7 @@ from protocol.messages import (
     rollout_id,
 )
 from protocol.packed import i32_list, pack_f32, pack_i32, pack_u8
+from services.domains.api import SANDBOX_FILES
 from services.generator.engine import (
     Engine,
     EngineError,
@@ -159,7 +160,9 @@ class AgentLoop:
                 if trajectory.turns >= task.max_turns:
                     trajectory.finish = FinishReason.MAX_TURNS
                     return
-                session = session or await self.tools.open(rollout_id(task.id, index), _tools(task))
+                session = session or await self.tools.open(
+                    rollout_id(task.id, index), _tools(task), _files(task)
+                )
                 await self._tool_turn(session, trajectory)
                 if trajectory.total >= budget:
                     trajectory.finish = FinishReason.LENGTH
@@ -319,3 +322,11 @@ class _Generated:
 
 def _tools(task: Task) -> tuple[str, ...]:
     return tuple(task.tools)
+
+
+def _files(task: Task) -> dict[str, bytes]:
+    """The files the task's tool session starts with (a terminal task's prepared directory)."""
+    files = task.metadata.get(SANDBOX_FILES) or {}
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise InvalidRequestError(f"task metadata[{SANDBOX_FILES!r}] must map paths to text")
+    return {str(path): text.encode() for path, text in files.items()}

@@ -83,7 +83,14 @@ class ToolSession(Protocol):
 class ToolBox(Protocol):
     """Opens one tool session per trajectory (a sandbox kept for its whole conversation)."""
 
-    async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession: ...
+    async def open(
+        self,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        files: Mapping[str, bytes] | None = None,
+    ) -> ToolSession:
+        """A session for one trajectory; ``files`` are in its working directory from the start."""
+        ...
 
 
 class LocalTools:
@@ -92,7 +99,12 @@ class LocalTools:
     For benchmarks and tests of the loop itself; real domains use :class:`SandboxTools`.
     """
 
-    async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession:
+    async def open(
+        self,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        files: Mapping[str, bytes] | None = None,
+    ) -> ToolSession:
         return _LocalSession(allowed)
 
 
@@ -134,10 +146,16 @@ class SandboxTools:
         #: Told the trajectory id once its session is open (sandbox-aware admission).
         self._on_open = on_open
 
-    async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession:
+    async def open(
+        self,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        files: Mapping[str, bytes] | None = None,
+    ) -> ToolSession:
         session = _SandboxSession(
             self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers()
         )
+        session.files = dict(files or {})
         session.on_open = self._on_open
         return session
 
@@ -162,6 +180,8 @@ class _SandboxSession:
         #: Every request of the session carries the trace id of the task it works for.
         self._trace = trace
         self._session: SandboxSession | None = None
+        #: The working directory's files when the session opens (a terminal task's setup).
+        self.files: dict[str, bytes] = {}
 
     async def _request(self, subject: str, payload: bytes) -> bytes:
         try:
@@ -176,7 +196,7 @@ class _SandboxSession:
 
     async def _open(self) -> SandboxSession:
         if self._session is None:
-            request = SandboxOpen(id=f"{self._id}-{uuid.uuid4().hex[:8]}")
+            request = SandboxOpen(id=f"{self._id}-{uuid.uuid4().hex[:8]}", files=self.files)
             data = await self._request(subjects.sandbox_session(), encode(request))
             self._session = _decoded_session(data)
             if self.on_open is not None:

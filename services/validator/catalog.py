@@ -49,6 +49,10 @@ def _part(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("part",)
 
 
+def _files_and_checks(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("sandbox_files", "checks")
+
+
 #: The ``Task.metadata`` keys each built-in validator kind reads (the others read none).
 METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "exact": _answer_key,
@@ -57,6 +61,7 @@ METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "doc_file": _document,
     "code": _tests,
     "cad": _part,
+    "terminal": _files_and_checks,
 }
 
 

@@ -27,6 +27,8 @@ from services.validator.documents.judge import DocumentCache, DocumentFileQA
 from services.validator.extract import EXTRACT_MODES, Extract
 from services.validator.reward_model import RewardBatcher, RewardModel, RewardModelScore
 from services.validator.sandbox import Sandbox
+from services.validator.sessions import Sessions
+from services.validator.terminal import HiddenTest
 
 ENTRY_POINT_GROUP: Final = "temper.validators"
 
@@ -52,6 +54,8 @@ class Resources:
     """What validators share: the sandbox connection, the reward models, default limits."""
 
     sandbox: Sandbox | None = None
+    #: Sandbox sessions, for judges that replay a multi-step task (``terminal``).
+    sessions: Sessions | None = None
     reward_models: RewardModels = field(default_factory=RewardModels)
     sandbox_timeout_s: float = 30.0
     sandbox_grace_s: float = 5.0
@@ -155,6 +159,12 @@ def _cad(params: Params, domain: Domain, resources: Resources) -> Validator:
     )
 
 
+def _terminal(params: Params, domain: Domain, resources: Resources) -> Validator:
+    if resources.sessions is None:
+        raise DomainError(domain.name, "the terminal validator needs sandbox sessions")
+    return HiddenTest(sessions=resources.sessions, limits=domain.sandbox or SandboxLimits())
+
+
 def _reward_model(params: Params, domain: Domain, resources: Resources) -> Validator:
     path = params.text("path", "")
     if not path:
@@ -180,6 +190,7 @@ KINDS: Final[Mapping[str, Factory]] = {
     "doc_file": _doc_file,
     "code": _code,
     "cad": _cad,
+    "terminal": _terminal,
     "reward_model": _reward_model,
 }
 

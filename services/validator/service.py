@@ -59,6 +59,7 @@ from services.validator.catalog import Catalog
 from services.validator.compose import Judgement, Scorer
 from services.validator.factory import Resources, RewardModels
 from services.validator.sandbox import NatsSandbox
+from services.validator.sessions import NatsSessions
 from services.validator.settings import ValidatorSettings
 from services.validator.stats import DomainStats
 
@@ -145,6 +146,9 @@ class ValidatorService(Service):
             )
         resources = Resources(
             sandbox=NatsSandbox(self.bus.nc, self.settings.sandbox_subject),
+            sessions=NatsSessions(
+                self.bus.nc, self.settings.sandbox_timeout_s + self.settings.sandbox_grace_s
+            ),
             reward_models=self._reward_models,
             sandbox_timeout_s=self.settings.sandbox_timeout_s,
             sandbox_grace_s=self.settings.sandbox_grace_s,

@@ -36,6 +36,9 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "domains"
 SCORED: Codec[ScoredRollout] = Codec(ScoredRollout)
 DLQ_SUBJECT = subjects.dead_letter(streams.ROLLOUTS.name)
 
+#: Kinds scored in the sandbox service.
+SANDBOXED = ("python_functions", "compiled_functions", "cad_parts", "terminal")
+
 
 def settings(url: str, **overrides: Any) -> ValidatorSettings:
     values: dict[str, Any] = {
@@ -85,8 +88,9 @@ async def test_every_configured_domain_is_scored_through_the_running_service(nat
         by_domain = {s.rollout.task.domain: s for s in results}
         assert set(by_domain) == set(registry.names())
         for name, scored in by_domain.items():
-            if registry.get(name).kind in ("python_functions", "compiled_functions", "cad_parts"):
-                # No sandbox service runs here: unit tests and renders cannot run; not a 0.
+            if registry.get(name).kind in SANDBOXED:
+                # No sandbox service runs here: unit tests, renders and hidden tests cannot
+                # run; not a 0.
                 assert scored.status is ScoreStatus.INFRA_FAILURE, name
                 assert "no sandbox service answers" in (scored.error or "")
             else:

@@ -52,6 +52,7 @@ def test_the_deploy_config_declares_more_than_200_domains() -> None:
         "compiled_functions",
         "documents",
         "cad_parts",
+        "terminal",
     }
     documents = [d.name for d in registry if d.kind == "documents"]
     assert len(documents) == 24  # 6 question kinds x pdf/html x short/long

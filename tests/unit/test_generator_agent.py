@@ -4,7 +4,7 @@ real tokenizer of the tiny model: turn boundaries, masks, limits, failures."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -128,9 +128,14 @@ class RecordingTools(LocalTools):
     def __init__(self) -> None:
         self.opened: list[str] = []
 
-    async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> ToolSession:
+    async def open(
+        self,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        files: Mapping[str, bytes] | None = None,
+    ) -> ToolSession:
         self.opened.append(trajectory_id)
-        return await super().open(trajectory_id, allowed)
+        return await super().open(trajectory_id, allowed, files)
 
 
 async def test_every_turn_of_every_sample_routes_by_the_task_id(tokenizer: ChatTokenizer) -> None:
@@ -219,7 +224,9 @@ async def test_a_request_the_engine_refuses_is_invalid(tokenizer: ChatTokenizer)
 
 async def test_tool_machinery_failure_is_infra_failure(tokenizer: ChatTokenizer) -> None:
     class BrokenTools:
-        async def open(self, trajectory_id: str, allowed: tuple[str, ...]) -> object:
+        async def open(
+            self, trajectory_id: str, allowed: tuple[str, ...], files: object = None
+        ) -> object:
             raise ToolInfraError("no sandbox service answered")
 
     call = _call(tokenizer, {"name": "python", "arguments": {"code": "print(1)"}})
