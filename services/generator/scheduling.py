@@ -112,6 +112,13 @@ class DomainScheduler:
     def held(self) -> list[str]:
         return [q.domain for q in self.quarantine.quarantined()]
 
+    def in_flight(self, limit: int = 5) -> str:
+        """``a:3,b:1``: tasks in flight per domain, the busiest ``limit`` (for ``temper
+        status``; ``temper domain status`` lists them all)."""
+        busiest = self._in_flight.most_common()
+        shown = ",".join(f"{domain}:{count}" for domain, count in busiest[:limit])
+        return shown + (f",+{len(busiest) - limit} more" if len(busiest) > limit else "")
+
     def statistics(self) -> dict[str, float]:
         return {
             "quarantined_domains": float(len(self.held())),

@@ -353,7 +353,11 @@ class GeneratorService(Service):
         ok, detail = super().health()
         held = self.scheduler.held()
         quarantined = f" quarantined={','.join(held)}" if held else ""
-        return ok, detail or f"engine={self.settings.engine} version={self.version}{quarantined}"
+        busy = self.scheduler.in_flight()
+        in_flight = f" in_flight={busy}" if busy else ""
+        return ok, detail or (
+            f"engine={self.settings.engine} version={self.version}{in_flight}{quarantined}"
+        )
 
     def statistics(self) -> dict[str, float]:
         values = super().statistics()

@@ -68,9 +68,11 @@ async def test_a_ten_to_one_flood_does_not_starve_the_quiet_domain(
         await tap.wait(20, timeout_s=120)
         first = [r.task.domain for r in tap.got[:20]]
         schedules = service.scheduler.schedules()
+        detail = service.health()[1]
     # Equal weights: half of the starts each while both wait (in flight: 2 at a time).
     assert 8 <= first.count("quiet") <= 12, first
     assert {s.domain for s in schedules} >= {"flood", "quiet"}
+    assert " in_flight=" in detail, "temper status shows the domains in flight"
 
 
 class ToolCaller:

@@ -150,3 +150,18 @@ def test_fair_share_skips_held_domains_and_keeps_serving_the_rest() -> None:
         share.started(key, backlogged)
         started.append(key)
     assert set(started) == {"fine"}
+
+
+def test_the_scheduler_names_the_busiest_domains_in_flight() -> None:
+    from services.generator.scheduling import DomainScheduler, SchedulingSettings
+
+    scheduler = DomainScheduler(SchedulingSettings(), {})
+    assert scheduler.in_flight() == ""
+    for domain, count in [("a", 1), ("b", 3), ("c", 2), ("d", 1), ("e", 1), ("f", 1)]:
+        for _ in range(count):
+            scheduler.started(domain)
+    assert scheduler.in_flight(limit=2) == "b:3,c:2,+4 more"
+    scheduler.finished("b", [])
+    scheduler.finished("b", [])
+    scheduler.finished("b", [])
+    assert scheduler.in_flight(limit=10) == "c:2,a:1,d:1,e:1,f:1"
