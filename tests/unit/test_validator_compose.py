@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from protocol.messages import (
     Rollout,
     RolloutStatus,
     SandboxExec,
+    SandboxLimits,
     SandboxResult,
     ScoredRollout,
     ScoreStatus,
@@ -224,15 +226,21 @@ def test_bad_specs_fail_at_build_naming_the_domain(spec: ValidatorSpec, error: s
 
 def test_every_configured_domain_gets_its_validators() -> None:
     from services.domains import load_registry
+    from services.validator.sessions import ShellSession
 
     class NoSandbox:
         async def run(self, request: SandboxExec, timeout_s: float) -> SandboxResult:
             raise InfraFailure("unused")
 
+    class NoSessions:
+        async def open(
+            self, name: str, files: Mapping[str, bytes], limits: SandboxLimits
+        ) -> ShellSession:
+            raise InfraFailure("unused")
+
     registry = load_registry(REPO / "deploy" / "domains", plugins=False)
-    built = Scorer(
-        registry, Resources(sandbox=NoSandbox()), timeout_s=5.0, validator="v", plugins={}
-    )
+    resources = Resources(sandbox=NoSandbox(), sessions=NoSessions())
+    built = Scorer(registry, resources, timeout_s=5.0, validator="v", plugins={})
     assert set(built.panels) == set(registry.names())
     assert len(built.panels) >= 200
 
