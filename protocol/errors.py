@@ -20,6 +20,8 @@ class ErrorCode(StrEnum):
     TOO_LARGE = "too_large"
     HANDLER_FAILED = "handler_failed"
     MAX_DELIVER = "max_deliver"
+    #: Samples that failed on their domain's last retry attempt (the generator's).
+    RETRIES_EXHAUSTED = "retries_exhausted"
     TIMEOUT = "timeout"
     UNAVAILABLE = "unavailable"
     BAD_REQUEST = "bad_request"

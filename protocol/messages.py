@@ -89,15 +89,30 @@ class Task(Message, tag="task"):
     max_total_tokens: PositiveInt | None = None
     #: Unix time (seconds) after which the task is no longer worth doing.
     deadline: float | None = None
+    #: 0 for the first try; a retry of failed samples counts up (their ids include it).
     attempt: NonNegInt = 0
     created_at: float | None = None
     #: Free-form, domain-specific data (reference answers, unit tests, ...).
     metadata: dict[str, Any] = {}
+    #: The sample indices to generate, each below ``n`` (a retry of part of a group);
+    #: empty: all ``n``.
+    samples: list[NonNegInt] = []
+    #: Unix time (seconds) before which the task is not started (a retry's backoff).
+    not_before: float | None = None
 
     def __post_init__(self) -> None:
         _require_items("prompt_tokens", self.prompt_tokens, I32.itemsize)
         if bool(self.prompt) == bool(self.prompt_tokens):
             raise ValueError("exactly one of `prompt` and `prompt_tokens` must be set")
+        if any(index >= self.n for index in self.samples):
+            raise ValueError(f"`samples` {self.samples} names an index not below n={self.n}")
+        if len(set(self.samples)) != len(self.samples):
+            raise ValueError(f"`samples` {self.samples} names an index twice")
+
+    @property
+    def sample_indices(self) -> list[int]:
+        """The samples this task generates."""
+        return list(self.samples) if self.samples else list(range(self.n))
 
 
 # --------------------------------------------------------------------------- rollouts
@@ -116,6 +131,17 @@ class RolloutStatus(StrEnum):
     OK = "ok"
     INVALID = "invalid"
     INFRA_FAILURE = "infra_failure"
+
+
+class FailureKind(StrEnum):
+    """What failed in an ``infra_failure`` rollout: retries and quarantine go by it."""
+
+    #: The tool machinery (the sandbox service, a sandbox).
+    TOOL = "tool"
+    #: The inference engine.
+    ENGINE = "engine"
+    #: A turn ran past its time limit.
+    TIMEOUT = "timeout"
 
 
 class Segment(Record):
@@ -175,6 +201,8 @@ class Rollout(Message, tag="rollout"):
     engine: str = ""
     generator: str = ""
     created_at: float | None = None
+    #: Set with ``status == infra_failure``: what failed.
+    failure: FailureKind | None = None
 
     def __post_init__(self) -> None:
         total = _require_items("tokens", self.tokens, I32.itemsize)
@@ -211,8 +239,11 @@ class Rollout(Message, tag="rollout"):
         return min(versions) if versions else None
 
 
-def rollout_id(task_id: str, sample_index: int) -> str:
-    """Stable rollout id: the same sample of the same task always gets the same id."""
+def rollout_id(task_id: str, sample_index: int, attempt: int = 0) -> str:
+    """Stable rollout id: the same sample of the same attempt of a task always gets the
+    same id (a redelivery is deduplicated), and each retry a new one."""
+    if attempt:
+        return f"{task_id}/{sample_index}@{attempt}"
     return f"{task_id}/{sample_index}"
 
 

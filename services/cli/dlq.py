@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
@@ -16,8 +17,9 @@ from nats.js.api import RawStreamMsg
 
 from protocol import headers as h
 from protocol import streams
-from protocol.codec import ANY
+from protocol.codec import ANY, encode
 from protocol.errors import DecodeError
+from protocol.messages import Task
 from protocol.render import to_view
 from services.cli.common import CliError, connect, emit_json, run
 
@@ -34,7 +36,10 @@ def register(commands: Any) -> None:
     show = actions.add_parser("show", help="headers and decoded body of one dead letter")
     show.add_argument("seq", type=int)
     show.set_defaults(run=cmd_show)
-    retry = actions.add_parser("retry", help="republish to the original subject, then delete")
+    retry = actions.add_parser(
+        "retry",
+        help="republish to the original subject (a task as its next attempt), then delete",
+    )
     retry.add_argument("seq", type=int, nargs="*")
     retry.add_argument(
         "--all", action="store_true", help="retry every dead letter (with --source: of that source)"
@@ -160,6 +165,18 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return run(go)
 
 
+def next_attempt(data: bytes) -> bytes:
+    """A dead-lettered task goes back as its next attempt, with new rollout ids that no
+    dedup swallows; any other message goes back as it was."""
+    try:
+        message = ANY.decode(data)
+    except DecodeError:
+        return data
+    if not isinstance(message, Task):
+        return data
+    return encode(msgspec.structs.replace(message, attempt=message.attempt + 1, not_before=None))
+
+
 async def retry_one(js: JetStreamContext, msg: RawStreamMsg) -> None:
     """Republish the original bytes to the original subject, then delete the dead letter."""
     seq = msg.seq or 0
@@ -172,7 +189,7 @@ async def retry_one(js: JetStreamContext, msg: RawStreamMsg) -> None:
     original = {k: v for k, v in hdrs.items() if not k.startswith("Temper-Dlq-") and k != h.MSG_ID}
     original[h.MSG_ID] = f"retry:{msg.seq}:{time.time_ns()}"
     try:
-        await js.publish(subject, msg.data or b"", headers=original)
+        await js.publish(subject, next_attempt(msg.data or b""), headers=original)
     except (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError):
         # A rejected request (source: a service) has no stream to go back to.
         raise CliError(

@@ -24,6 +24,7 @@ from protocol.messages import (
     SandboxLimits,
     Task,
 )
+from services.domains.retry import RetryPolicy
 
 Split = Literal["train", "eval"]
 #: What training does with a sample cut at the token limit: train on it as it is
@@ -151,6 +152,8 @@ class Domain:
     #: Weight of the domain in the generators' fair share within its tier: with tasks of
     #: several domains waiting, each gets starts in proportion to its weight.
     share_weight: float = 1.0
+    #: How the generator retries the domain's failed samples.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     overlong: Overlong = "keep"
     #: The family or built-in kind that made the domain (``arithmetic``, ``jsonl``, ...).
     kind: str = ""

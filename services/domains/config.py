@@ -18,8 +18,8 @@
 
 Any declaration may override a domain's fields: ``prompt``, ``validators``,
 ``tools``, ``sandbox``, ``eval_fraction``, ``max_tokens``, ``max_turns``,
-``samples``, ``tier``, ``pass_threshold``, ``share_weight``, ``description``.  A ``path`` parameter
-is resolved against the folder of the file that declares it.
+``samples``, ``tier``, ``pass_threshold``, ``share_weight``, ``retry``,
+``description``.  A ``path`` parameter is resolved against the folder of the file that declares it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import msgspec
 
 from protocol.messages import SandboxLimits
 from services.domains.api import Domain, DomainError, ValidatorSpec
+from services.domains.retry import RetryPolicy
 
 Scalar = str | int | float | bool
 KindLookup = Callable[[str], Callable[[str, Mapping[str, Any]], Domain]]
@@ -79,6 +80,8 @@ class Overrides(_Config):
     tier: int | None = None
     pass_threshold: float | None = None
     share_weight: float | None = None
+    #: RetryPolicy's fields (max_attempts, backoff_s, backoff_max_s, on).
+    retry: dict[str, Any] | None = None
     overlong: str | None = None
     description: str | None = None
 
@@ -160,6 +163,8 @@ def apply(domain: Domain, overrides: Overrides) -> Domain:
         changes["tools"] = tuple(overrides.tools)
     if overrides.sandbox is not None:
         changes["sandbox"] = sandbox_limits(domain.name, overrides.sandbox)
+    if overrides.retry is not None:
+        changes["retry"] = retry_policy(domain.name, overrides.retry)
     if overrides.prompt is not None:
         prompt = {
             k: v for k, v in msgspec.structs.asdict(overrides.prompt).items() if v is not None
@@ -185,6 +190,14 @@ def sandbox_limits(domain: str, table: Mapping[str, Any]) -> SandboxLimits:
         return msgspec.convert(dict(table), SandboxLimits)
     except msgspec.ValidationError as error:
         raise DomainError(domain, f"sandbox limits: {error}") from None
+
+
+def retry_policy(domain: str, table: Mapping[str, Any]) -> RetryPolicy:
+    """A ``retry`` table as a RetryPolicy; a misspelt or invalid entry names itself."""
+    try:
+        return msgspec.convert(dict(table), RetryPolicy)
+    except msgspec.ValidationError as error:
+        raise DomainError(domain, f"retry: {error}") from None
 
 
 def load_file(path: Path, kinds: KindLookup) -> tuple[list[Domain], bool]:

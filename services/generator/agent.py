@@ -1,23 +1,22 @@
 """The agent loop, token in and token out.
 
-A trajectory is kept as token ids from start to end.  Each turn appends the tokens the
-engine generated (loss mask 1, with their behaviour logprobs and policy version), and a
-tool call appends the observation's tokens (mask 0, logprob 0), encoded on their own.
-Nothing already in the trajectory is ever re-tokenized, so what the learner trains on is
-exactly what the policy saw and produced.
+Each sample is a :class:`~services.generator.trajectory.Trajectory` of token ids.
+Nothing already in it is ever re-tokenized, so what the learner trains on is exactly
+what the policy saw and produced.  A failure says what failed (``Rollout.failure``):
+the tools, the engine, or a turn's time limit; retries and quarantine go by it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.messages import (
+    FailureKind,
     FinishReason,
     Rollout,
     RolloutStatus,
-    Segment,
     Task,
     Timings,
     ToolCall,
@@ -32,77 +31,11 @@ from services.generator.engine import (
     InvalidRequestError,
     Sample,
     Sampling,
+    TurnTimeout,
 )
 from services.generator.tools import ToolBox, ToolInfraError, ToolSession, parse_tool_call
+from services.generator.trajectory import LoopLimits, Trajectory
 from services.model.tokens import ChatTokenizer
-
-#: How the error of a rollout whose tool infrastructure (the sandbox) failed begins: the
-#: generator's quarantine counts these against the domain, not engine failures.
-TOOL_FAILURE = "tool: "
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoopLimits:
-    #: The model's context: a prompt that does not fit is an invalid task.
-    context_len: int = 4096
-    #: Prompt plus completion, when the task sets no ``max_total_tokens``.
-    max_total_tokens: int = 4096
-    turn_timeout_s: float = 120.0
-
-
-@dataclass(kw_only=True)
-class Trajectory:
-    """One sample of a task while it is being generated."""
-
-    prompt: list[int]
-    completion: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    segments: list[Segment] = field(default_factory=list)
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    cached_tokens: int = 0
-    turns: int = 0
-    finish: FinishReason = FinishReason.STOP
-    status: RolloutStatus = RolloutStatus.OK
-    error: str | None = None
-    generate_s: float = 0.0
-    tool_s: float = 0.0
-
-    @property
-    def total(self) -> int:
-        return len(self.prompt) + len(self.completion)
-
-    def add_generated(self, sample: Sample) -> None:
-        start = len(self.completion)
-        self.completion.extend(sample.output_ids)
-        self.logprobs.extend(sample.logprobs)
-        self.mask.extend([1] * len(sample.output_ids))
-        self.segments.append(
-            Segment(
-                start=start,
-                end=len(self.completion),
-                kind="gen",
-                version=sample.version,
-                server=sample.server,
-                cached_tokens=sample.cached_tokens,
-            )
-        )
-        self.cached_tokens += sample.cached_tokens
-        self.turns += 1
-        self.finish = _FINISH[sample.finish]
-
-    def add_observation(self, ids: list[int]) -> None:
-        start = len(self.completion)
-        self.completion.extend(ids)
-        self.logprobs.extend([0.0] * len(ids))
-        self.mask.extend([0] * len(ids))
-        self.segments.append(Segment(start=start, end=len(self.completion), kind="tool"))
-
-    def fail(self, status: RolloutStatus, error: str) -> None:
-        self.status = status
-        self.error = error
-        self.finish = FinishReason.ERROR
 
 
 class AgentLoop:
@@ -130,20 +63,22 @@ class AgentLoop:
         if len(prompt) >= budget:
             reason = f"prompt of {len(prompt)} tokens leaves no room within {budget} tokens"
             return self._all_failed(task, prompt, RolloutStatus.INVALID, reason, started)
-        trajectories = [Trajectory(prompt=list(prompt)) for _ in range(task.n)]
+        trajectories = [Trajectory(index=i, prompt=list(prompt)) for i in task.sample_indices]
         try:
-            first = await self._generate(task, prompt, task.n, task.id, budget - len(prompt), 0)
+            first = await self._generate(
+                task, prompt, len(trajectories), task.id, budget - len(prompt), 0
+            )
         except EngineError as error:
-            return self._all_failed(task, prompt, RolloutStatus.INFRA_FAILURE, str(error), started)
+            return self._all_failed(
+                task, prompt, RolloutStatus.INFRA_FAILURE, str(error), started, _kind(error)
+            )
         except InvalidRequestError as error:
             return self._all_failed(task, prompt, RolloutStatus.INVALID, str(error), started)
         for trajectory, sample in zip(trajectories, first.samples, strict=True):
             trajectory.generate_s += first.elapsed_s
             trajectory.add_generated(sample)
-        await asyncio.gather(
-            *(self._continue(task, i, t, budget) for i, t in enumerate(trajectories))
-        )
-        return [self._rollout(task, i, t, started) for i, t in enumerate(trajectories)]
+        await asyncio.gather(*(self._continue(task, t, budget) for t in trajectories))
+        return [self._rollout(task, t, started) for t in trajectories]
 
     def prompt_ids(self, task: Task) -> list[int]:
         if task.prompt_tokens:
@@ -152,7 +87,7 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ turns
 
-    async def _continue(self, task: Task, index: int, trajectory: Trajectory, budget: int) -> None:
+    async def _continue(self, task: Task, trajectory: Trajectory, budget: int) -> None:
         """Run tool calls and further turns until the model stops or a limit is reached."""
         session: ToolSession | None = None
         try:
@@ -161,17 +96,17 @@ class AgentLoop:
                     trajectory.finish = FinishReason.MAX_TURNS
                     return
                 session = session or await self.tools.open(
-                    rollout_id(task.id, index), _tools(task), _files(task)
+                    rollout_id(task.id, trajectory.index, task.attempt), _tools(task), _files(task)
                 )
                 await self._tool_turn(session, trajectory)
                 if trajectory.total >= budget:
                     trajectory.finish = FinishReason.LENGTH
                     return
-                await self._next_turn(task, index, trajectory, budget)
+                await self._next_turn(task, trajectory, budget)
         except ToolInfraError as error:
-            trajectory.fail(RolloutStatus.INFRA_FAILURE, f"{TOOL_FAILURE}{error}")
+            trajectory.fail(RolloutStatus.INFRA_FAILURE, f"tool: {error}", FailureKind.TOOL)
         except EngineError as error:
-            trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error))
+            trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error), _kind(error))
         except InvalidRequestError as error:
             trajectory.fail(RolloutStatus.INVALID, str(error))
         finally:
@@ -212,12 +147,12 @@ class AgentLoop:
         )
         trajectory.add_observation(self.tokenizer.encode(self.tokenizer.observation(output)))
 
-    async def _next_turn(self, task: Task, index: int, trajectory: Trajectory, budget: int) -> None:
+    async def _next_turn(self, task: Task, trajectory: Trajectory, budget: int) -> None:
         ids = trajectory.prompt + trajectory.completion
         room = budget - len(ids)
         # Routed by the task, as turn 1 was: the server that prefilled the group's prompt
         # holds this sample's earlier turns in its prefix cache.
-        result = await self._generate(task, ids, 1, task.id, room, index + 1)
+        result = await self._generate(task, ids, 1, task.id, room, trajectory.index + 1)
         trajectory.generate_s += result.elapsed_s
         trajectory.add_generated(result.samples[0])
 
@@ -235,7 +170,7 @@ class AgentLoop:
             async with asyncio.timeout(self.limits.turn_timeout_s):
                 samples = await self.engine.generate(request)
         except TimeoutError as error:
-            raise EngineError(f"turn timed out after {self.limits.turn_timeout_s:g}s") from error
+            raise TurnTimeout(f"turn timed out after {self.limits.turn_timeout_s:g}s") from error
         if len(samples) != n:
             raise EngineError(f"engine returned {len(samples)} samples for n={n}")
         return _Generated(samples=samples, elapsed_s=time.monotonic() - started)
@@ -266,13 +201,13 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ results
 
-    def _rollout(self, task: Task, index: int, t: Trajectory, started: float) -> Rollout:
+    def _rollout(self, task: Task, t: Trajectory, started: float) -> Rollout:
         now = time.time()
         queued = max(0.0, started - task.created_at) if task.created_at else 0.0
         return Rollout(
-            id=rollout_id(task.id, index),
+            id=rollout_id(task.id, t.index, task.attempt),
             task=task,
-            sample_index=index,
+            sample_index=t.index,
             tokens=pack_i32(t.prompt + t.completion),
             prompt_len=len(t.prompt),
             logprobs=pack_f32(t.logprobs),
@@ -283,6 +218,7 @@ class AgentLoop:
             finish_reason=t.finish,
             status=t.status,
             error=t.error,
+            failure=t.failure,
             timings=Timings(
                 queued_s=queued, generate_s=t.generate_s, tool_s=t.tool_s, total_s=now - started
             ),
@@ -304,13 +240,19 @@ class AgentLoop:
         )
 
     def _all_failed(
-        self, task: Task, prompt: list[int], status: RolloutStatus, reason: str, started: float
+        self,
+        task: Task,
+        prompt: list[int],
+        status: RolloutStatus,
+        reason: str,
+        started: float,
+        failure: FailureKind | None = None,
     ) -> list[Rollout]:
         failed = []
-        for index in range(task.n):
-            trajectory = Trajectory(prompt=list(prompt))
-            trajectory.fail(status, reason)
-            failed.append(self._rollout(task, index, trajectory, started))
+        for index in task.sample_indices:
+            trajectory = Trajectory(index=index, prompt=list(prompt))
+            trajectory.fail(status, reason, failure)
+            failed.append(self._rollout(task, trajectory, started))
         return failed
 
 
@@ -318,6 +260,10 @@ class AgentLoop:
 class _Generated:
     samples: list[Sample]
     elapsed_s: float
+
+
+def _kind(error: EngineError) -> FailureKind:
+    return FailureKind.TIMEOUT if isinstance(error, TurnTimeout) else FailureKind.ENGINE
 
 
 def _tools(task: Task) -> tuple[str, ...]:

@@ -19,6 +19,10 @@ class EngineError(RuntimeError):
     """The engine failed to serve a request (not the model's fault): ``infra_failure``."""
 
 
+class TurnTimeout(EngineError):
+    """A turn ran past its time limit (retried like an engine failure, counted apart)."""
+
+
 class InvalidRequestError(ValueError):
     """The request itself is unusable (empty prompt, prompt filling the context, token ids
     outside the vocabulary): the task is ``invalid``, the engine is fine."""

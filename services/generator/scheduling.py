@@ -13,8 +13,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from protocol.messages import DomainControl, DomainSchedule, DomainSchedules, Rollout, RolloutStatus
-from services.generator.agent import TOOL_FAILURE
+from protocol.messages import (
+    DomainControl,
+    DomainSchedule,
+    DomainSchedules,
+    FailureKind,
+    Rollout,
+    RolloutStatus,
+)
 from services.generator.fairshare import FairShare
 from services.generator.intake import Fairness
 from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings
@@ -47,9 +53,7 @@ class SchedulingSettings:
 def infra_failure_of_domain(rollout: Rollout) -> bool:
     """The domain's own infrastructure failed: its tools (the sandbox).  An engine failure
     hits every domain alike and says nothing about this one."""
-    return rollout.status is RolloutStatus.INFRA_FAILURE and (rollout.error or "").startswith(
-        TOOL_FAILURE
-    )
+    return rollout.status is RolloutStatus.INFRA_FAILURE and rollout.failure is FailureKind.TOOL
 
 
 class DomainScheduler:

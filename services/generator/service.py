@@ -22,7 +22,8 @@ import nats.errors
 import nats.js.errors
 
 from protocol import streams, subjects
-from protocol.codec import Codec
+from protocol.codec import Codec, encode
+from protocol.errors import ErrorCode
 from protocol.messages import (
     DomainControl,
     DomainSchedules,
@@ -36,17 +37,22 @@ from protocol.messages import (
     rollout_id,
 )
 from services.domains.api import is_heldout
+from services.domains.retry import RetryPolicy
+from services.generator import retries
 from services.generator.admission import StalenessAdmission
-from services.generator.agent import AgentLoop, LoopLimits
+from services.generator.agent import AgentLoop
 from services.generator.engine import Engine, EngineError
 from services.generator.intake import DURABLE, DomainConsumer
 from services.generator.sandbox_room import SandboxRoom
 from services.generator.scheduling import DomainScheduler
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
+from services.generator.trajectory import LoopLimits
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
+from services.runtime.deadletter import Rejection
+from services.runtime.errors import Defer
 from services.runtime.jetstream import ConsumerSpec
 from services.runtime.policy import last_policy_update
 from services.runtime.priority import PriorityGate
@@ -76,6 +82,10 @@ class GeneratorService(Service):
         self.version = 0
         self.latest_announced = 0
         self.rollouts: Counter[str] = Counter()
+        #: Failed samples sent to a new attempt, and those dead-lettered after their last.
+        self.retried = 0
+        self.exhausted = 0
+        self._retries: dict[str, RetryPolicy] = {}
         self.weight_failures = 0
         #: ``torch_distributed`` updates whose broadcast failed (loaded from disk, or not).
         self.broadcast_failures = 0
@@ -119,7 +129,7 @@ class GeneratorService(Service):
             ),
             generator=self.instance,
         )
-        self._known, weights = await asyncio.to_thread(_domains, settings)
+        self._known, weights, self._retries = await asyncio.to_thread(_domains, settings)
         self.scheduler = DomainScheduler(settings.scheduling, weights)
         await self._catch_up_weights()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
@@ -178,11 +188,14 @@ class GeneratorService(Service):
     # ------------------------------------------------------------------ tasks
 
     async def _on_task(self, task: Task, delivery: Delivery) -> None:
+        wait_s = (task.not_before or 0.0) - time.time()
+        if wait_s > 0:
+            raise Defer(wait_s, "retry backoff")
         rollouts: list[Rollout] = []
         self.scheduler.started(task.domain)
         try:
             rollouts = await self._generate(task)
-            await self._publish(task, rollouts, delivery)
+            await self._settle(task, rollouts, delivery)
         finally:
             self.scheduler.finished(task.domain, rollouts)
         self.log.info(
@@ -199,8 +212,8 @@ class GeneratorService(Service):
         if not task.tools or self.settings.tools != "sandbox":
             with self.stages.stage("generate"):
                 return await self._rollouts_for(task)
-        # One sandbox session per trajectory: the task's n samples each need one.
-        trajectories = [rollout_id(task.id, index) for index in range(task.n)]
+        # One sandbox session per trajectory: each of the task's samples needs one.
+        trajectories = [rollout_id(task.id, i, task.attempt) for i in task.sample_indices]
         with self.stages.stage("sandbox_admission"):
             await self.sandbox_room.admit(trajectories)
         try:
@@ -212,16 +225,52 @@ class GeneratorService(Service):
     async def _on_sandbox_stats(self, stats: Stats, _: Request) -> None:
         self.sandbox_room.report(stats.instance, stats.values)
 
-    async def _publish(self, task: Task, rollouts: list[Rollout], delivery: Delivery) -> None:
+    async def _settle(self, task: Task, rollouts: list[Rollout], delivery: Delivery) -> None:
+        """Store the rollouts, except failed samples that go again: their retry is
+        published instead (services.generator.retries)."""
+        plan = retries.plan(task, rollouts, self._retry_policy(task.domain), time.time())
+        trace_id = delivery.trace_id or None
         with self.stages.stage("publish"):
-            for rollout in rollouts:
+            for rollout in plan.publish:
                 await self.bus.publish(
-                    subjects.rollout(task.domain),
-                    rollout,
-                    trace_id=delivery.trace_id or None,
-                    msg_id=rollout.id,
+                    subjects.rollout(task.domain), rollout, trace_id=trace_id, msg_id=rollout.id
                 )
                 self.rollouts[rollout.status.value] += 1
+            if plan.retry is not None:
+                # The subject it came on decides its tier, as it did for the first try.
+                await self.bus.publish(
+                    delivery.subject,
+                    plan.retry,
+                    trace_id=trace_id,
+                    msg_id=retries.retry_msg_id(plan.retry),
+                )
+                self.retried += len(plan.retry.sample_indices)
+            if plan.exhausted is not None:
+                await self._give_up(plan.exhausted, plan.reason, delivery)
+
+    async def _give_up(self, task: Task, reason: str, delivery: Delivery) -> None:
+        """Dead-letter the task of samples that failed on their last attempt."""
+        stream = delivery.msg.metadata.stream
+        rejection = Rejection(
+            code=ErrorCode.RETRIES_EXHAUSTED,
+            message=reason,
+            source=stream,
+            subject=delivery.subject,
+            deliveries=delivery.num_delivered,
+            key=f"{stream}:{retries.retry_msg_id(task)}",
+        )
+        self.log.warning("retries_exhausted", domain=task.domain, reason=reason)
+        await self.dead_letters.reject(rejection, encode(task), dict(delivery.headers))
+        self.exhausted += len(task.sample_indices)
+
+    def _retry_policy(self, domain: str) -> RetryPolicy:
+        policy = self._retries.get(domain)
+        if policy is None:
+            settings = self.settings
+            policy = RetryPolicy(
+                max_attempts=settings.retry_max_attempts, backoff_s=settings.retry_backoff_s
+            )
+        return policy
 
     async def _on_domain_control(self, request: DomainControl, _: Request) -> DomainSchedules:
         answer = self.scheduler.control(request, self.instance)
@@ -375,6 +424,8 @@ class GeneratorService(Service):
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
         values["sandbox_admission_waits"] = float(self.sandbox_room.waits)
+        values["samples_retried"] = float(self.retried)
+        values["samples_retries_exhausted"] = float(self.exhausted)
         values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
         for status in RolloutStatus:
@@ -406,15 +457,17 @@ def _context_len(model: Path) -> int:
 
 def _domains(
     settings: GeneratorSettings,
-) -> tuple[Callable[[str], bool] | None, dict[str, float]]:
-    """The check for known domains (None: any goes) and their fair-share weights."""
+) -> tuple[Callable[[str], bool] | None, dict[str, float], dict[str, RetryPolicy]]:
+    """The check for known domains (None: any goes), their fair-share weights and their
+    retry policies."""
     if not settings.check_domains:
-        return None, {}
+        return None, {}, {}
     from services.domains import load_registry
 
     registry = load_registry(settings.domains_config)
     weights = {domain.name: domain.share_weight for domain in registry}
-    return registry.__contains__, weights
+    retry = {domain.name: domain.retry for domain in registry}
+    return registry.__contains__, weights, retry
 
 
 def make_engine(settings: GeneratorSettings) -> Engine:

@@ -64,6 +64,10 @@ class GeneratorSettings:
     check_domains: bool = True
     #: Domain config (TOML); none means the built-in domains.
     domains_config: Path | None = None
+    #: Retries of failed samples for tasks whose domain the registry does not know (or
+    #: with ``check_domains`` off); a known domain's come from its ``retry`` config.
+    retry_max_attempts: int = 3
+    retry_backoff_s: float = 1.0
     #: Task redelivery deadline; in-progress acks push it back during long rollouts.
     ack_wait_s: float = 60.0
     max_deliver: int = 5

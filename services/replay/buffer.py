@@ -39,6 +39,9 @@ class Group:
     def complete(self) -> bool:
         return self.returned or len(self.members) >= self.size
 
+    def has_sample(self, index: int) -> bool:
+        return any(s.rollout.sample_index == index for s, _ in self.members.values())
+
     def usable(self) -> list[ScoredRollout]:
         """Members that may enter advantage statistics: scored, not infra failures."""
         return [s for s, _ in self.members.values() if s.status is ScoreStatus.SCORED]
@@ -102,8 +105,17 @@ class ReplayBuffer:
         if item.id in self._held or item.id in self._leased or item.id in self._gone:
             self.counts.duplicates += 1
             return False
+        if self._sample_held(item):
+            self.counts.duplicates += 1
+            return False
         self._insert(item, release, time.monotonic() if now is None else now)
         return True
+
+    def _sample_held(self, item: ScoredRollout) -> bool:
+        """The group holds this sample already, from another attempt (a redelivered task
+        whose samples failed differently the second time)."""
+        group = self._groups.get(item.rollout.task.id)
+        return group is not None and group.has_sample(item.rollout.sample_index)
 
     def _insert(self, item: ScoredRollout, release: Release, now: float) -> Group:
         task = item.rollout.task

@@ -31,7 +31,7 @@ from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import task_id_of
 from services.runtime.bus import Bus
 from services.runtime.deadletter import DeadLetters, Rejection
-from services.runtime.errors import Reject
+from services.runtime.errors import Defer, Reject
 from services.runtime.jetstream import ConsumerSpec, ensure_consumer
 from services.runtime.logs import get_logger
 from services.runtime.metrics import ServiceMetrics
@@ -424,6 +424,9 @@ class Consumer(PullConsumer[M, Handler[M]]):
             raise
         except Reject as error:
             await self._reject(msg, error.code, error.message, error.field)
+        except Defer as deferred:
+            self._handed_back.inc()
+            await quietly(msg.nak(delay=max(deferred.delay_s, 0.0)))
         except Exception as error:  # a handler bug must not kill the consumer
             await self._failed(msg, error)
         else:

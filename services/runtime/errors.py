@@ -23,3 +23,12 @@ class Reject(Exception):
         self.code = code
         self.message = message
         self.field = field
+
+
+class Defer(Exception):
+    """Raised by a stream handler for a message that is not due yet: it is handed back
+    to its stream, to be delivered again after ``delay_s`` (not a failure)."""
+
+    def __init__(self, delay_s: float, reason: str = "") -> None:
+        super().__init__(reason or f"deferred {delay_s:.3g}s")
+        self.delay_s = delay_s

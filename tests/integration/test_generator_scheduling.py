@@ -76,14 +76,14 @@ async def test_a_ten_to_one_flood_does_not_starve_the_quiet_domain(
 
 
 class ToolCaller:
-    """Test double at the model boundary: the first turn of a task calls the python tool
-    (a task without tools simply ends there); a later turn answers."""
+    """Test double at the model boundary: the first turn of a trajectory calls the python
+    tool (a task without tools simply ends there); a later turn, whose prompt holds that
+    call, answers."""
 
     name = "tool-caller"
 
     def __init__(self, tokenizer: ChatTokenizer, code: str = "print(6 * 7)") -> None:
         self._tokenizer = tokenizer
-        self._seen: set[str] = set()
         body = {"name": "python", "arguments": {"code": code}}
         self._call = tokenizer.encode(f"<tool_call>{json.dumps(body)}</tool_call>")
         end = tokenizer.tool_call_end_id
@@ -98,8 +98,8 @@ class ToolCaller:
         return None
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        later = request.trajectory_id in self._seen
-        self._seen.add(request.trajectory_id)
+        prompt, call = request.prompt_ids, self._call
+        later = any(prompt[i : i + len(call)] == call for i in range(len(prompt) - len(call) + 1))
         ids = self._answer if later else self._call
         return [
             Sample(output_ids=list(ids), logprobs=[-0.5] * len(ids), finish="stop",
@@ -148,8 +148,14 @@ async def test_a_domain_whose_sandbox_fails_is_held_then_resumed_by_a_probe(
     scheduling = SchedulingSettings(
         quarantine_min_samples=4, quarantine_threshold=0.5, quarantine_probe_s=1.0
     )
+    # One attempt each: every failure is published at once (retries: test_generator_retries).
     settings = _settings(
-        nats_url, tiny_model, tools="sandbox", tool_timeout_s=10.0, scheduling=scheduling
+        nats_url,
+        tiny_model,
+        tools="sandbox",
+        tool_timeout_s=10.0,
+        scheduling=scheduling,
+        retry_max_attempts=1,
     )
     engine = ToolCaller(ChatTokenizer.load(tiny_model))
     js = nc.jetstream()

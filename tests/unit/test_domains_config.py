@@ -194,6 +194,18 @@ def test_a_folder_loads_every_file_and_jsonl_paths_are_relative(tmp_path: Path) 
             "unknown sandbox limit pid",
         ),
         (
+            '[[domain]]\nname = "x"\nkind = "arithmetic"\nretry = { max_atempts = 2 }\n',
+            "domain 'x': retry: Object contains unknown field `max_atempts`",
+        ),
+        (
+            '[[domain]]\nname = "x"\nkind = "arithmetic"\nretry = { on = ["answer"] }\n',
+            "Invalid enum value 'answer'",
+        ),
+        (
+            '[[domain]]\nname = "x"\nkind = "arithmetic"\nretry = { max_attempts = 0 }\n',
+            "max_attempts must be at least 1",
+        ),
+        (
             '[[domain]]\nname = "x"\nkind = "jsonl"\nparams = { path = "missing.jsonl" }\n',
             "cannot read dataset",
         ),

@@ -17,7 +17,7 @@ from protocol.messages import (
     Task,
 )
 from protocol.packed import pack_i32
-from services.generator.agent import AgentLoop, LoopLimits
+from services.generator.agent import AgentLoop
 from services.generator.engine import (
     EngineError,
     EngineStatistics,
@@ -26,6 +26,7 @@ from services.generator.engine import (
     Sample,
 )
 from services.generator.tools import LocalTools, ToolInfraError, ToolSession, parse_tool_call
+from services.generator.trajectory import LoopLimits
 from services.model.tokens import ChatTokenizer
 
 

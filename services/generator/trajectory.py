@@ -1,0 +1,81 @@
+"""One sample of a task while it is generated: token ids, masks, logprobs and segments.
+
+Kept as token ids from start to end.  Each turn appends the tokens the engine generated
+(loss mask 1, with their behaviour logprobs and policy version), and a tool call appends
+the observation's tokens (mask 0, logprob 0), encoded on their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.messages import FailureKind, FinishReason, RolloutStatus, Segment, ToolCall
+from services.generator.engine import Sample
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopLimits:
+    #: The model's context: a prompt that does not fit is an invalid task.
+    context_len: int = 4096
+    #: Prompt plus completion, when the task sets no ``max_total_tokens``.
+    max_total_tokens: int = 4096
+    turn_timeout_s: float = 120.0
+
+
+@dataclass(kw_only=True)
+class Trajectory:
+    """One sample of a task while it is being generated."""
+
+    index: int
+    prompt: list[int]
+    completion: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    cached_tokens: int = 0
+    turns: int = 0
+    finish: FinishReason = FinishReason.STOP
+    status: RolloutStatus = RolloutStatus.OK
+    error: str | None = None
+    failure: FailureKind | None = None
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return len(self.prompt) + len(self.completion)
+
+    def add_generated(self, sample: Sample) -> None:
+        start = len(self.completion)
+        self.completion.extend(sample.output_ids)
+        self.logprobs.extend(sample.logprobs)
+        self.mask.extend([1] * len(sample.output_ids))
+        self.segments.append(
+            Segment(
+                start=start,
+                end=len(self.completion),
+                kind="gen",
+                version=sample.version,
+                server=sample.server,
+                cached_tokens=sample.cached_tokens,
+            )
+        )
+        self.cached_tokens += sample.cached_tokens
+        self.turns += 1
+        self.finish = _FINISH[sample.finish]
+
+    def add_observation(self, ids: list[int]) -> None:
+        start = len(self.completion)
+        self.completion.extend(ids)
+        self.logprobs.extend([0.0] * len(ids))
+        self.mask.extend([0] * len(ids))
+        self.segments.append(Segment(start=start, end=len(self.completion), kind="tool"))
+
+    def fail(self, status: RolloutStatus, error: str, failure: FailureKind | None = None) -> None:
+        self.status = status
+        self.error = error
+        self.failure = failure
+        self.finish = FinishReason.ERROR
