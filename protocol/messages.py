@@ -367,6 +367,9 @@ class ValidatorDetail(Record):
     weight: float = 1.0
     status: ScoreStatus = ScoreStatus.SCORED
     message: str = ""
+    #: A PNG picture of what was judged (a CAD validator's render), or ``None``.  Only
+    #: some rollouts carry one (held-out ones by default): it is small, not free.
+    preview: bytes | None = None
 
 
 class ScoredRollout(Message, tag="scored_rollout"):
