@@ -15,6 +15,8 @@ class Verdict:
 
     score: float
     message: str = ""
+    #: A PNG of what was judged, for reports (:attr:`ValidatorDetail.preview`).
+    preview: bytes | None = None
 
 
 class InfraFailure(Exception):

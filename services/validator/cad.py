@@ -6,6 +6,10 @@ candidate that does not render (an OpenSCAD error, no STL, a render past its tim
 limit) cannot be judged: ``invalid``, with OpenSCAD's own message.  Failures of the
 machinery (sandbox infra_error, no sandbox, no answer) are InfraFailure, as for
 unit tests.
+
+A rendered part may also get a small PNG preview (:mod:`services.validator.cad_preview`)
+for evaluation reports: held-out rollouts only by default (``TEMPER_VALIDATOR_CAD_PREVIEWS``),
+as training rollouts are never looked at and drawing costs tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from protocol.errors import ErrorCode
 from protocol.messages import Rollout, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from services.domains.api import is_heldout
 from services.validator import extract
 from services.validator.base import InfraFailure, InvalidRollout, Verdict, reference
 from services.validator.cad_checks import SHAPES, Check, check_part
 from services.validator.cad_geometry import MeshError, load_stl
+from services.validator.cad_preview import render_preview
 from services.validator.sandbox import Sandbox, SandboxRejected
+from services.validator.settings import PreviewMode
 
 if TYPE_CHECKING:
     import trimesh
@@ -60,13 +67,21 @@ def part_spec(rollout: Rollout) -> Mapping[str, Any]:
     return spec
 
 
-def measure(stl: bytes, spec: Mapping[str, Any]) -> Verdict:
-    """The checks on the rendered mesh (CPU work: run it off the event loop)."""
+def measure(stl: bytes, spec: Mapping[str, Any], preview: bool = False) -> Verdict:
+    """The checks on the rendered mesh, and its picture if ``preview`` (CPU work: run it
+    off the event loop)."""
     try:
         mesh: trimesh.Trimesh = load_stl(stl)
     except MeshError as error:
         raise InvalidRollout(str(error)) from None
-    return verdict(check_part(mesh, spec))
+    judged = verdict(check_part(mesh, spec))
+    if not preview:
+        return judged
+    return Verdict(judged.score, judged.message, render_preview(mesh))
+
+
+def wants_preview(mode: PreviewMode, rollout: Rollout) -> bool:
+    return mode == "all" or (mode == "heldout" and is_heldout(rollout.task))
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,8 @@ class CadPart:
     grace_s: float
     #: Used when the domain sets no time limit (the sandbox service then applies its own).
     default_timeout_s: float
+    #: Which rendered parts get a PNG preview in their details.
+    previews: PreviewMode = "heldout"
 
     async def score(self, rollout: Rollout) -> Verdict:
         spec = part_spec(rollout)
@@ -92,7 +109,8 @@ class CadPart:
         stl = result.outputs.get(STL)
         if result.status is not SandboxStatus.OK or stl is None:
             raise InvalidRollout(render_error(result))
-        return await asyncio.to_thread(measure, stl, spec)
+        preview = wants_preview(self.previews, rollout)
+        return await asyncio.to_thread(measure, stl, spec, preview)
 
     async def _render(self, rollout_id: str, code: str) -> SandboxResult | Verdict:
         request = SandboxExec(

@@ -83,32 +83,37 @@ def run_rule(
     return _detail(judge, outcome, started, observe)
 
 
-#: (status, score, message) of one validator run.
-_Outcome = tuple[ScoreStatus, float, str]
+#: (status, score, message, preview) of one validator run.
+_Outcome = tuple[ScoreStatus, float, str, bytes | None]
 
 
 def _scored(verdict: Verdict) -> _Outcome:
     if not math.isfinite(verdict.score):
-        return ScoreStatus.INFRA_FAILURE, 0.0, f"non-finite score {verdict.score}"
-    return ScoreStatus.SCORED, verdict.score, verdict.message
+        return ScoreStatus.INFRA_FAILURE, 0.0, f"non-finite score {verdict.score}", None
+    return ScoreStatus.SCORED, verdict.score, verdict.message, verdict.preview
 
 
 def _failure(judge: Judge, error: Exception) -> _Outcome:
     if isinstance(error, InvalidRollout):
-        return ScoreStatus.INVALID, 0.0, str(error)
+        return ScoreStatus.INVALID, 0.0, str(error), None
     if isinstance(error, InfraFailure):
-        return ScoreStatus.INFRA_FAILURE, 0.0, str(error)
+        return ScoreStatus.INFRA_FAILURE, 0.0, str(error), None
     if isinstance(error, TimeoutError):
-        return ScoreStatus.INFRA_FAILURE, 0.0, f"timed out after {judge.timeout_s:g}s"
+        return ScoreStatus.INFRA_FAILURE, 0.0, f"timed out after {judge.timeout_s:g}s", None
     # A validator bug or a machinery failure: typed, not a crash.
-    return ScoreStatus.INFRA_FAILURE, 0.0, f"{type(error).__name__}: {error}"
+    return ScoreStatus.INFRA_FAILURE, 0.0, f"{type(error).__name__}: {error}", None
 
 
 def _detail(judge: Judge, outcome: _Outcome, started: float, observe: Observer) -> ValidatorDetail:
-    status, score, message = outcome
+    status, score, message, preview = outcome
     observe(judge.kind, status, time.perf_counter() - started)
     return ValidatorDetail(
-        name=judge.name, score=score, weight=judge.weight, status=status, message=message
+        name=judge.name,
+        score=score,
+        weight=judge.weight,
+        status=status,
+        message=message,
+        preview=preview,
     )
 
 

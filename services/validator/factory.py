@@ -28,6 +28,7 @@ from services.validator.extract import EXTRACT_MODES, Extract
 from services.validator.reward_model import RewardBatcher, RewardModel, RewardModelScore
 from services.validator.sandbox import Sandbox
 from services.validator.sessions import Sessions
+from services.validator.settings import PreviewMode
 from services.validator.terminal import HiddenTest
 
 ENTRY_POINT_GROUP: Final = "temper.validators"
@@ -59,6 +60,8 @@ class Resources:
     reward_models: RewardModels = field(default_factory=RewardModels)
     sandbox_timeout_s: float = 30.0
     sandbox_grace_s: float = 5.0
+    #: Which rendered CAD parts get a PNG preview (``heldout``, ``all``, ``off``).
+    cad_previews: PreviewMode = "heldout"
 
 
 Factory = Callable[[Params, Domain, Resources], Validator]
@@ -156,6 +159,7 @@ def _cad(params: Params, domain: Domain, resources: Resources) -> Validator:
         limits=domain.sandbox or SandboxLimits(),
         grace_s=resources.sandbox_grace_s,
         default_timeout_s=resources.sandbox_timeout_s,
+        previews=resources.cad_previews,
     )
 
 

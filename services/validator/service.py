@@ -60,7 +60,7 @@ from services.validator.compose import Judgement, Scorer
 from services.validator.factory import Resources, RewardModels
 from services.validator.sandbox import NatsSandbox
 from services.validator.sessions import NatsSessions
-from services.validator.settings import ValidatorSettings
+from services.validator.settings import ValidatorSettings, preview_mode
 from services.validator.stats import DomainStats
 
 #: Batches per instance in flight at once: one is judged while others wait for their acks.
@@ -152,6 +152,7 @@ class ValidatorService(Service):
             reward_models=self._reward_models,
             sandbox_timeout_s=self.settings.sandbox_timeout_s,
             sandbox_grace_s=self.settings.sandbox_grace_s,
+            cad_previews=preview_mode(self.settings.cad_previews),
         )
         self._scorer = Scorer(
             self.domains,

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final, Literal
 
 from protocol import subjects
 from services.runtime.settings import RuntimeSettings
+
+#: Which rendered CAD parts get a PNG preview: held-out (eval) ones, all of them, or none.
+PreviewMode = Literal["heldout", "all", "off"]
+PREVIEW_MODES: Final[tuple[PreviewMode, ...]] = ("heldout", "all", "off")
+
+
+def preview_mode(value: str) -> PreviewMode:
+    """``value`` as a mode, or a ValueError naming the choices."""
+    for mode in PREVIEW_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(
+        f"TEMPER_VALIDATOR_CAD_PREVIEWS={value!r}: expected one of {', '.join(PREVIEW_MODES)}"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,3 +55,9 @@ class ValidatorSettings:
     #: default: 700), and what is loaded at start frozen out of collections.  It is the
     #: whole process's collector (an embedded stack's too); 0 leaves it as it is.
     young_gc_threshold: int = 50_000
+    #: Which rendered CAD parts get a small PNG preview in their details, for evaluation
+    #: reports: ``heldout`` (eval-split tasks), ``all`` or ``off``.
+    cad_previews: str = "heldout"
+
+    def __post_init__(self) -> None:
+        preview_mode(self.cad_previews)  # a typo fails at start, not at the first part

@@ -25,6 +25,7 @@ from tests.integration.test_validator_service import (
     scored_results,
     settings,
 )
+from tests.unit.test_cad_preview import assert_a_picture
 
 #: Per shape: a text change to the reference that breaks one constraint, and its check.
 PLANTED = {
@@ -86,3 +87,17 @@ async def test_references_score_one_and_planted_mistakes_score_less_for_their_re
         assert reason in wrong.details[0].message, wrong.details
         assert broken.status is ScoreStatus.INVALID, broken.details
         assert "Parser error" in (broken.error or ""), broken.error
+
+
+async def test_a_held_out_part_comes_back_with_a_preview_of_its_render(stack: Stack) -> None:
+    # The real OpenSCAD render of a reference gear, drawn by the validator from the STL.
+    part = domain("cad-gear", {"shape": "gear"})
+    heldout, train = part.examples(1, "eval")[0], part.examples(1, "train")[0]
+    await publish(stack.js, make_rollout(heldout.task, heldout.reference))
+    await publish(stack.js, make_rollout(train.task, train.reference))
+    results = await scored_results(stack.js, 2, timeout_s=90)
+    by_split = {scored.rollout.task.metadata["split"]: scored for scored in results}
+    shown = by_split["eval"].details[0]
+    assert (shown.status, shown.score) == (ScoreStatus.SCORED, 1.0), shown
+    assert_a_picture(shown.preview)
+    assert by_split["train"].details[0].preview is None  # the default: held-out parts only
