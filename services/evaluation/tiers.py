@@ -21,6 +21,7 @@ from typing import Any, Final
 from protocol.messages import FinishReason, RolloutStatus, ScoredRollout, ScoreStatus
 from protocol.packed import I32
 from services.evaluation.intervals import Interval, bootstrap_mean, pass_at_k, percentiles, wilson
+from services.evaluation.previews import domain_previews, shown
 
 SCHEMA: Final = 1
 INFRA: Final = ScoreStatus.INFRA_FAILURE.value
@@ -64,6 +65,9 @@ class Outcome:
     sandbox_s: float
     validator_s: float
     validators: dict[str, float]
+    #: A validator's picture of the answer (a CAD render), and what that validator said.
+    preview: bytes | None = None
+    note: str = ""
 
     @classmethod
     def of(
@@ -81,6 +85,7 @@ class Outcome:
         status = INFRA if failed else scored.status.value
         correct = status == ScoreStatus.SCORED.value and scored.reward >= pass_threshold
         tool_errors = sum(c.status != "ok" for c in rollout.tool_calls)
+        picture = shown(scored)
         completion = len(rollout.tokens) // I32.itemsize - rollout.prompt_len
         gen_turns = sum(s.kind == "gen" for s in rollout.segments)
         return cls(
@@ -105,6 +110,8 @@ class Outcome:
             sandbox_s=_sandbox_s(scored),
             validator_s=_elapsed(rollout.created_at, scored.scored_at) or 0.0,
             validators={d.name: d.score for d in scored.details if d.status is ScoreStatus.SCORED},
+            preview=picture.png,
+            note=picture.note,
         )
 
 
@@ -132,7 +139,7 @@ def domain_report(outcomes: Sequence[Outcome], k: int) -> dict[str, Any]:
     if len(names) != 1:
         raise ValueError(f"a domain report needs the outcomes of one domain, not {sorted(names)}")
     judged = _judged(outcomes)
-    return {
+    report = {
         "family": outcomes[0].family,
         "problems": len({o.problem for o in outcomes}),
         "rollouts": len(outcomes),
@@ -142,6 +149,10 @@ def domain_report(outcomes: Sequence[Outcome], k: int) -> dict[str, Any]:
         "validators": _validator_means(judged),
         "completion_tokens_mean": fmean(o.completion_tokens for o in judged) if judged else 0.0,
     }
+    previews = domain_previews(outcomes)
+    if previews:  # only domains whose validator draws (CAD parts)
+        report["previews"] = previews
+    return report
 
 
 def unit_tier(outcomes: Sequence[Outcome], k: int) -> dict[str, Any]:

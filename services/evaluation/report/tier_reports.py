@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from services.evaluation.previews import Preview, parse_previews
+
 SCHEMA = 1
 
 
@@ -63,6 +65,8 @@ class DomainTiers:
     system: SystemTier
     validators: Mapping[str, float]
     completion_tokens_mean: float | None
+    #: Pictures of the best and worst answers (CAD renders); empty for other domains.
+    previews: tuple[Preview, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ def _domain(name: str, raw: dict[str, Any]) -> DomainTiers:
         system=_system(raw["system"]),
         validators=_numbers(raw.get("validators") or {}),
         completion_tokens_mean=None if tokens is None else float(tokens),
+        previews=parse_previews(raw.get("previews")),
     )
 
 
