@@ -32,6 +32,7 @@ from protocol.codec import Codec, encode
 from protocol.errors import DecodeError
 from protocol.messages import ScoredRollout
 from services.cli.common import CliError, connect, run
+from services.evaluation.report.eval_page import write_pages
 from services.evaluation.suite import EvalSuite, SuitePlan, domains_needing_sandbox
 from services.supervisor import StackSettings, Supervisor
 
@@ -95,9 +96,10 @@ def _evaluate(args: argparse.Namespace, policy: str, out: Path | None) -> dict[s
     version = int(policy) if policy.isdigit() else None
     report = {**suite.report(str(model), version), "elapsed_s": elapsed_s}
     (out / _REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    page, notes = write_pages(report, out)
     for line in summary_lines(report):
         print(line)
-    print(f"report: {out / _REPORT}")
+    print(f"report: {out / _REPORT} ({page.name}, {notes.name})")
     return report
 
 

@@ -18,6 +18,7 @@ from services.evaluation.report.document import (
     num,
     pct,
 )
+from services.evaluation.report.parts import preview_blocks
 from services.evaluation.report.run_data import RunData, ServiceStats
 from services.evaluation.report.sections import HOW_TO_TIERS, NO_TIERS
 from services.evaluation.report.tier_reports import DomainTiers, Interval, TierReport
@@ -142,7 +143,7 @@ def _infra_table(reports: Sequence[TierReport]) -> Table:
 Pick = Callable[[DomainTiers], Interval | float | None]
 
 #: The rows of the start-vs-end table: tier, figure, where it is in a domain's report.
-_ROWS: tuple[tuple[str, str, Pick], ...] = (
+TIER_ROWS: tuple[tuple[str, str, Pick], ...] = (
     ("unit", "greedy", lambda d: d.unit.greedy),
     ("unit", "pass@1", lambda d: d.unit.pass_at_1),
     ("unit", "pass@k", lambda d: d.unit.pass_at_k),
@@ -179,23 +180,24 @@ def tiers(run: RunData) -> Section:
     macro = _macro_table(first, last)
     if macro is not None:
         blocks.append(macro)
+    blocks.extend(preview_blocks(last))
     return Section("tiers", "Tiers: start vs end", tuple(blocks))
 
 
 def _domain_table(name: str, first: TierReport, last: TierReport) -> Table:
     start, end = first.domains.get(name), last.domains.get(name)
     rows = []
-    for tier, label, pick in _ROWS:
+    for tier, label, pick in TIER_ROWS:
         before = None if start is None else pick(start)
         after = None if end is None else pick(end)
         if before is None and after is None:
             continue
-        rows.append((tier, label, _shown(before), _shown(after), _delta(before, after)))
+        rows.append((tier, label, shown_value(before), shown_value(after), _delta(before, after)))
     headers = ("tier", "figure", first.label, last.label, "change")
     return Table(headers, tuple(rows), f"{name}: {first.label} vs {last.label}")
 
 
-def _shown(value: Interval | float | None) -> str:
+def shown_value(value: Interval | float | None) -> str:
     return interval(value) if isinstance(value, Interval) or value is None else num(value)
 
 
