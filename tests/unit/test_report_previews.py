@@ -77,9 +77,10 @@ def test_a_domain_without_pictures_has_no_previews() -> None:
     assert "previews" not in plain["domains"][CAD]
 
 
-def run_with_previews(root: Path, report: dict[str, Any]) -> Path:
+@pytest.fixture
+def run(tmp_path: Path, report: dict[str, Any]) -> Path:
     """A run whose last evaluation drew parts (``temper train``'s eval/tiers/v<N>.json)."""
-    run = write_run(root)
+    run = write_run(tmp_path / "run")
     last = run / "eval" / "tiers" / f"v{STEPS}.json"
     tiers = json.loads(last.read_text())
     tiers["domains"][CAD] = report["domains"][CAD]
@@ -88,12 +89,8 @@ def run_with_previews(root: Path, report: dict[str, Any]) -> Path:
 
 
 def test_the_run_report_embeds_the_previews_with_their_captions(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    report: dict[str, Any],
-    pictures: list[bytes],
+    run: Path, pictures: list[bytes]
 ) -> None:
-    run = run_with_previews(tmp_path / "run", report)
     assert main(["report", str(run)]) == 0
     text = (run / "report.html").read_text()
     tiers = text[text.index('<section id="tiers">') :]
@@ -111,12 +108,8 @@ def linked(markdown: str, base: Path) -> list[Path]:
 
 
 def test_the_markdown_run_report_links_preview_files_beside_it(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    report: dict[str, Any],
-    pictures: list[bytes],
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], pictures: list[bytes]
 ) -> None:
-    run = run_with_previews(tmp_path / "run", report)
     out = tmp_path / "notes" / "run.md"
     out.parent.mkdir()
     assert main(["report", str(run), "--markdown", "--out", str(out)]) == 0
