@@ -72,6 +72,9 @@ async def test_eval_reports_unit_chain_and_system_tiers(
     )
     assert done.code == 0, done.out + done.err
     report = json.loads((out / "report.json").read_text())
+    page = (out / "report.html").read_text()
+    assert "arithmetic_sum3" in page and "tool_use" in page
+    assert "arithmetic_sum3" in (out / "report.md").read_text()
     assert report["received_rollouts"] == report["expected_rollouts"] == 2 * LIMIT * 3
     assert set(report["domains"]) == set(DOMAINS)
     arithmetic, tools = report["domains"]["arithmetic_sum3"], report["domains"]["tool_use"]
