@@ -99,6 +99,11 @@ class Task(Message, tag="task"):
     samples: list[NonNegInt] = []
     #: Unix time (seconds) before which the task is not started (a retry's backoff).
     not_before: float | None = None
+    #: Samples suspended by a preemption: each goes on from its saved state; the other
+    #: ``samples`` start afresh.
+    resume: list[SavedTrajectory] = []
+    #: How often this attempt was preempted (its re-queued message ids count them).
+    preemptions: NonNegInt = 0
 
     def __post_init__(self) -> None:
         _require_items("prompt_tokens", self.prompt_tokens, I32.itemsize)
@@ -108,6 +113,9 @@ class Task(Message, tag="task"):
             raise ValueError(f"`samples` {self.samples} names an index not below n={self.n}")
         if len(set(self.samples)) != len(self.samples):
             raise ValueError(f"`samples` {self.samples} names an index twice")
+        resumed = [saved.sample_index for saved in self.resume]
+        if len(set(resumed)) != len(resumed) or not set(resumed) <= set(self.sample_indices):
+            raise ValueError(f"`resume` samples {resumed} must be distinct and in `samples`")
 
     @property
     def sample_indices(self) -> list[int]:
@@ -173,6 +181,36 @@ class Timings(Record):
     generate_s: NonNegFloat = 0.0
     tool_s: NonNegFloat = 0.0
     total_s: NonNegFloat = 0.0
+
+
+class SavedTrajectory(Record):
+    """A sample suspended at a turn boundary (preempted), to go on where it stopped.
+
+    ``completion`` (packed ``<i4``), ``logprobs`` (``<f4``) and ``loss_mask`` (``u8``)
+    hold one entry per completion token so far, as in a Rollout.
+    """
+
+    sample_index: NonNegInt
+    completion: bytes = b""
+    logprobs: bytes = b""
+    loss_mask: bytes = b""
+    segments: list[Segment] = []
+    tool_calls: list[ToolCall] = []
+    turns: NonNegInt = 0
+    cached_tokens: NonNegInt = 0
+    generate_s: NonNegFloat = 0.0
+    tool_s: NonNegFloat = 0.0
+    #: The sandbox snapshot of its tool session's work directory; None: no session yet.
+    snapshot: str | None = None
+
+    def __post_init__(self) -> None:
+        total = _require_items("completion", self.completion, I32.itemsize)
+        n_logprobs = _require_items("logprobs", self.logprobs, F32.itemsize)
+        if n_logprobs != total or len(self.loss_mask) != total:
+            raise ValueError(
+                f"`logprobs` ({n_logprobs}) and `loss_mask` ({len(self.loss_mask)}) "
+                f"must each have one entry per completion token ({total})"
+            )
 
 
 class Rollout(Message, tag="rollout"):

@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from protocol.messages import PROTOCOL_VERSION, AnyMessage, Rollout, Task
+from protocol.messages import PROTOCOL_VERSION, AnyMessage, Rollout, SavedTrajectory, Task
 from protocol.packed import F32, I32, U8
 
 DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
@@ -52,6 +52,9 @@ PACKED: Final[Mapping[tuple[type[msgspec.Struct], str], Packed]] = {
     (Rollout, "tokens"): INT32,
     (Rollout, "logprobs"): FLOAT32,
     (Rollout, "loss_mask"): UINT8,
+    (SavedTrajectory, "completion"): INT32,
+    (SavedTrajectory, "logprobs"): FLOAT32,
+    (SavedTrajectory, "loss_mask"): UINT8,
 }
 
 _DESCRIPTION: Final = (

@@ -78,3 +78,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from services.model.tiny import init_model
 
     return init_model(tmp_path_factory.mktemp("tiny-model") / "policy")
+
+
+@pytest.fixture(scope="session")
+def tool_policy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """The tiny policy after a short supervised warm-up on tool_use's reference answers:
+    it then writes ``<tool_call>`` blocks (a random one would never call a tool)."""
+    import shutil
+
+    from services.domains import load_registry
+    from services.learner.warmup import WarmupConfig, supervised_warmup
+
+    policy = tmp_path_factory.mktemp("tool-policy") / "policy"
+    shutil.copytree(tiny_model, policy)
+    domain = load_registry(None).get("tool_use")
+    supervised_warmup(policy, domain, WarmupConfig(steps=80, lr=3e-3, examples=512))
+    return policy

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
 
 from protocol.messages import (
     FailureKind,
@@ -57,28 +60,53 @@ class AgentLoop:
         self.generator = generator
 
     async def run(self, task: Task) -> list[Rollout]:
+        return (await self.run_until(task, _never)).rollouts
+
+    async def run_until(self, task: Task, yield_now: Callable[[], bool]) -> Outcome:
+        """The task's rollouts; a sample at a turn boundary while ``yield_now()`` is true
+        stops there and comes back saved instead (preemption), to go on later from
+        ``Task.resume``."""
         started = time.time()
         prompt = self.prompt_ids(task)
         budget = min(task.max_total_tokens or self.limits.max_total_tokens, self.limits.context_len)
         if len(prompt) >= budget:
             reason = f"prompt of {len(prompt)} tokens leaves no room within {budget} tokens"
-            return self._all_failed(task, prompt, RolloutStatus.INVALID, reason, started)
-        trajectories = [Trajectory(index=i, prompt=list(prompt)) for i in task.sample_indices]
+            return Outcome(
+                rollouts=self._all_failed(task, prompt, RolloutStatus.INVALID, reason, started)
+            )
+        saved = {s.sample_index: s for s in task.resume}
+        trajectories = [
+            Trajectory.restored(saved[i], prompt)
+            if i in saved
+            else Trajectory(index=i, prompt=list(prompt))
+            for i in task.sample_indices
+        ]
+        await self._first_turn(task, [t for t in trajectories if t.index not in saved], budget)
+        await asyncio.gather(*(self._continue(task, t, budget, yield_now) for t in trajectories))
+        return Outcome(
+            rollouts=[self._rollout(task, t, started) for t in trajectories if not t.suspended],
+            suspended=[t for t in trajectories if t.suspended],
+            restore_s=sum(t.restore_s for t in trajectories),
+        )
+
+    async def _first_turn(self, task: Task, fresh: list[Trajectory], budget: int) -> None:
+        """Turn 1 of the samples that start afresh, as one request (one prefill)."""
+        if not fresh:
+            return
+        prompt = fresh[0].prompt
         try:
-            first = await self._generate(
-                task, prompt, len(trajectories), task.id, budget - len(prompt), 0
-            )
+            first = await self._generate(task, prompt, len(fresh), task.id, budget - len(prompt), 0)
         except EngineError as error:
-            return self._all_failed(
-                task, prompt, RolloutStatus.INFRA_FAILURE, str(error), started, _kind(error)
-            )
+            for trajectory in fresh:
+                trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error), _kind(error))
+            return
         except InvalidRequestError as error:
-            return self._all_failed(task, prompt, RolloutStatus.INVALID, str(error), started)
-        for trajectory, sample in zip(trajectories, first.samples, strict=True):
+            for trajectory in fresh:
+                trajectory.fail(RolloutStatus.INVALID, str(error))
+            return
+        for trajectory, sample in zip(fresh, first.samples, strict=True):
             trajectory.generate_s += first.elapsed_s
             trajectory.add_generated(sample)
-        await asyncio.gather(*(self._continue(task, t, budget) for t in trajectories))
-        return [self._rollout(task, t, started) for t in trajectories]
 
     def prompt_ids(self, task: Task) -> list[int]:
         if task.prompt_tokens:
@@ -87,18 +115,31 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ turns
 
-    async def _continue(self, task: Task, trajectory: Trajectory, budget: int) -> None:
-        """Run tool calls and further turns until the model stops or a limit is reached."""
+    async def _continue(
+        self, task: Task, trajectory: Trajectory, budget: int, yield_now: Callable[[], bool]
+    ) -> None:
+        """Run tool calls and further turns until the model stops, a limit is reached, or
+        the loop is asked to yield (at a turn boundary: before the next tool call)."""
         session: ToolSession | None = None
+        resumed = trajectory.snapshot is not None
         try:
             while self._wants_tool(task, trajectory):
                 if trajectory.turns >= task.max_turns:
                     trajectory.finish = FinishReason.MAX_TURNS
                     return
+                if yield_now():
+                    await _suspend(trajectory, session)
+                    return
                 session = session or await self.tools.open(
-                    rollout_id(task.id, trajectory.index, task.attempt), _tools(task), _files(task)
+                    rollout_id(task.id, trajectory.index, task.attempt),
+                    _tools(task),
+                    _files(task),
+                    snapshot=trajectory.snapshot,
                 )
+                turn_started = time.monotonic()
                 await self._tool_turn(session, trajectory)
+                if resumed:
+                    trajectory.restore_s, resumed = time.monotonic() - turn_started, False
                 if trajectory.total >= budget:
                     trajectory.finish = FinishReason.LENGTH
                     return
@@ -206,7 +247,8 @@ class AgentLoop:
         queued = max(0.0, started - task.created_at) if task.created_at else 0.0
         return Rollout(
             id=rollout_id(task.id, t.index, task.attempt),
-            task=task,
+            # The saved states served their purpose: the rollout holds the whole sample.
+            task=msgspec.structs.replace(task, resume=[]) if task.resume else task,
             sample_index=t.index,
             tokens=pack_i32(t.prompt + t.completion),
             prompt_len=len(t.prompt),
@@ -254,6 +296,26 @@ class AgentLoop:
             trajectory.fail(status, reason, failure)
             failed.append(self._rollout(task, trajectory, started))
         return failed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    rollouts: list[Rollout]
+    #: Samples that yielded at a turn boundary (preempted), with their state.
+    suspended: list[Trajectory] = field(default_factory=list)
+    #: The first tool turns of resumed samples (their sandbox restored from a snapshot).
+    restore_s: float = 0.0
+
+
+async def _suspend(trajectory: Trajectory, session: ToolSession | None) -> None:
+    """Save the sample's sandbox state (its conversation is in the trajectory already)."""
+    started = time.monotonic()
+    snapshot = await session.snapshot() if session is not None else trajectory.snapshot
+    trajectory.suspend(snapshot, time.monotonic() - started)
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,19 +6,24 @@ The retry is a task like any other, published to the same tier subject with
 the backoff.  Its rollout ids include the attempt, so JetStream's dedup window and the
 replay buffer's memory never swallow it, and they keep the task id, so they join the
 GRPO group that the first attempt's good samples are waiting in.  The task message's id
-is ``<task id>@<attempt>``: a redelivery of the failed attempt publishes the same retry
-once.  Samples whose attempts are used up are published as they failed (the group and
-the statistics count them) and their task goes to the dead-letter stream, from which
-``temper dlq retry`` starts a new attempt.
+names the task, attempt and samples: a redelivery of the failed attempt publishes the
+same retry once (:func:`requeue_msg_id`).  Samples whose attempts are used up are
+published as they failed (the group and the statistics count them) and their task goes
+to the dead-letter stream, from which ``temper dlq retry`` starts a new attempt.
+
+A preempted task's suspended samples are re-queued the same way (:func:`resumed`), at
+the same attempt, with their saved state; a retry of a sample saved so goes on from
+that state, its last good one.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import msgspec
 
-from protocol.messages import Rollout, RolloutStatus, Task
+from protocol.messages import Rollout, RolloutStatus, SavedTrajectory, Task
 from services.domains.retry import RetryPolicy
 
 
@@ -56,10 +61,33 @@ def plan(task: Task, rollouts: list[Rollout], policy: RetryPolicy, now: float) -
     return RetryPlan(publish=publish, retry=retry, exhausted=exhausted, reason=reason)
 
 
-def retry_msg_id(task: Task) -> str:
-    return f"{task.id}@{task.attempt}"
+def requeue_msg_id(task: Task) -> str:
+    """The message id of a retry or of the rest of a preempted task: a redelivery of the
+    task it came from publishes it once.  Attempt, preemption count and sample set
+    together tell apart every task re-queued from one submission (their sample sets are
+    disjoint within an attempt)."""
+    samples = ".".join(map(str, task.sample_indices))
+    if len(samples) > 64:
+        samples = hashlib.sha256(samples.encode()).hexdigest()[:32]
+    return f"{task.id}@{task.attempt}~{task.preemptions}:{samples}"
+
+
+def resumed(task: Task, saved: list[SavedTrajectory]) -> Task:
+    """The rest of a preempted task: its suspended samples, each with its saved state."""
+    return msgspec.structs.replace(
+        task,
+        samples=sorted(s.sample_index for s in saved),
+        resume=saved,
+        preemptions=task.preemptions + 1,
+        not_before=None,
+    )
 
 
 def _subset(task: Task, rollouts: list[Rollout], *, attempt: int, not_before: float | None) -> Task:
+    """The task of some samples; a sample saved by an earlier preemption goes on from
+    there (its last good state), the others start afresh."""
     indices = sorted(r.sample_index for r in rollouts)
-    return msgspec.structs.replace(task, attempt=attempt, samples=indices, not_before=not_before)
+    saved = [s for s in task.resume if s.sample_index in indices]
+    return msgspec.structs.replace(
+        task, attempt=attempt, samples=indices, not_before=not_before, resume=saved
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,6 @@ from protocol.messages import (
     DomainControl,
     DomainSchedules,
     PolicyUpdate,
-    Rollout,
     RolloutStatus,
     Stats,
     Task,
@@ -40,14 +39,15 @@ from services.domains.api import is_heldout
 from services.domains.retry import RetryPolicy
 from services.generator import retries
 from services.generator.admission import StalenessAdmission
-from services.generator.agent import AgentLoop
+from services.generator.agent import AgentLoop, Outcome
 from services.generator.engine import Engine, EngineError
 from services.generator.intake import DURABLE, DomainConsumer
+from services.generator.preemption import Preemption, Running
 from services.generator.sandbox_room import SandboxRoom
 from services.generator.scheduling import DomainScheduler
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
-from services.generator.trajectory import LoopLimits
+from services.generator.trajectory import LoopLimits, Trajectory
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
@@ -74,7 +74,6 @@ class GeneratorService(Service):
         self.settings = settings
         self._engine = engine
         self._loop: AgentLoop | None = None
-        self._gate = PriorityGate(len(streams.TASK_STREAMS), settings.max_concurrent_tasks)
         self._known: Callable[[str], bool] | None = None
         #: Fair share between domains and quarantine, shared by every tier's intake.
         self.scheduler = DomainScheduler(settings.scheduling, {})
@@ -85,6 +84,13 @@ class GeneratorService(Service):
         #: Failed samples sent to a new attempt, and those dead-lettered after their last.
         self.retried = 0
         self.exhausted = 0
+        #: Samples suspended by a preemption, and suspended samples taken up again.
+        self.preempted = 0
+        self.resumed = 0
+        self._gate = PriorityGate(len(streams.TASK_STREAMS), settings.max_concurrent_tasks)
+        self.preemption = Preemption(
+            self._gate, self._stream_depth, check_s=settings.preempt_check_s, on=settings.preemption
+        )
         self._retries: dict[str, RetryPolicy] = {}
         self.weight_failures = 0
         #: ``torch_distributed`` updates whose broadcast failed (loaded from disk, or not).
@@ -191,45 +197,62 @@ class GeneratorService(Service):
         wait_s = (task.not_before or 0.0) - time.time()
         if wait_s > 0:
             raise Defer(wait_s, "retry backoff")
-        rollouts: list[Rollout] = []
+        outcome = Outcome(rollouts=[])
         self.scheduler.started(task.domain)
+        running = self.preemption.started(id(delivery), task, _tier_of(delivery))
         try:
-            rollouts = await self._generate(task)
-            await self._settle(task, rollouts, delivery)
+            outcome = await self._generate(task, running)
+            await self._settle(task, outcome, delivery)
         finally:
-            self.scheduler.finished(task.domain, rollouts)
+            self.preemption.finished(id(delivery))
+            self.scheduler.finished(task.domain, outcome.rollouts)
         self.log.info(
             "task_generated",
             domain=task.domain,
-            samples=len(rollouts),
-            statuses=sorted({r.status.value for r in rollouts}),
+            samples=len(outcome.rollouts),
+            suspended=len(outcome.suspended),
+            statuses=sorted({r.status.value for r in outcome.rollouts}),
         )
 
-    async def _generate(self, task: Task) -> list[Rollout]:
+    async def _generate(self, task: Task, running: Running) -> Outcome:
         if not is_heldout(task):
             with self.stages.stage("admission"):
-                await self.admission.admit(task.n)
+                await self.admission.admit(len(task.sample_indices))
         if not task.tools or self.settings.tools != "sandbox":
             with self.stages.stage("generate"):
-                return await self._rollouts_for(task)
+                return await self._rollouts_for(task, running)
         # One sandbox session per trajectory: each of the task's samples needs one.
         trajectories = [rollout_id(task.id, i, task.attempt) for i in task.sample_indices]
         with self.stages.stage("sandbox_admission"):
             await self.sandbox_room.admit(trajectories)
         try:
             with self.stages.stage("generate"):
-                return await self._rollouts_for(task)
+                return await self._rollouts_for(task, running)
         finally:
             self.sandbox_room.finished(trajectories)
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self.preemption.run()]
+
+    async def _stream_depth(self, tier: int) -> int:
+        """Tasks in a tier's stream (waiting or in flight anywhere)."""
+        try:
+            info = await self.bus.js.stream_info(streams.TASK_STREAMS[tier].name)
+        except (nats.errors.Error, TimeoutError):
+            return 0  # unknown now: nobody is asked to yield on a guess
+        return int(info.state.messages)
 
     async def _on_sandbox_stats(self, stats: Stats, _: Request) -> None:
         self.sandbox_room.report(stats.instance, stats.values)
 
-    async def _settle(self, task: Task, rollouts: list[Rollout], delivery: Delivery) -> None:
+    async def _settle(self, task: Task, outcome: Outcome, delivery: Delivery) -> None:
         """Store the rollouts, except failed samples that go again: their retry is
-        published instead (services.generator.retries)."""
-        plan = retries.plan(task, rollouts, self._retry_policy(task.domain), time.time())
+        published instead (services.generator.retries), as is the rest of a preempted
+        task (services.generator.preemption)."""
+        plan = retries.plan(task, outcome.rollouts, self._retry_policy(task.domain), time.time())
         trace_id = delivery.trace_id or None
+        if outcome.suspended:
+            await self._requeue(task, outcome.suspended, delivery)
         with self.stages.stage("publish"):
             for rollout in plan.publish:
                 await self.bus.publish(
@@ -242,11 +265,24 @@ class GeneratorService(Service):
                     delivery.subject,
                     plan.retry,
                     trace_id=trace_id,
-                    msg_id=retries.retry_msg_id(plan.retry),
+                    msg_id=retries.requeue_msg_id(plan.retry),
                 )
                 self.retried += len(plan.retry.sample_indices)
             if plan.exhausted is not None:
                 await self._give_up(plan.exhausted, plan.reason, delivery)
+
+    async def _requeue(self, task: Task, suspended: list[Trajectory], delivery: Delivery) -> None:
+        """Re-queue a preempted task's suspended samples with their saved state."""
+        resume = retries.resumed(task, [t.saved() for t in suspended])
+        # The subject it came on decides its tier, as for a retry.
+        await self.bus.publish(
+            delivery.subject,
+            resume,
+            trace_id=delivery.trace_id or None,
+            msg_id=retries.requeue_msg_id(resume),
+        )
+        self.preempted += len(suspended)
+        self.stages.add("preempt_save", sum(t.save_s for t in suspended))
 
     async def _give_up(self, task: Task, reason: str, delivery: Delivery) -> None:
         """Dead-letter the task of samples that failed on their last attempt."""
@@ -257,7 +293,7 @@ class GeneratorService(Service):
             source=stream,
             subject=delivery.subject,
             deliveries=delivery.num_delivered,
-            key=f"{stream}:{retries.retry_msg_id(task)}",
+            key=f"{stream}:{retries.requeue_msg_id(task)}",
         )
         self.log.warning("retries_exhausted", domain=task.domain, reason=reason)
         await self.dead_letters.reject(rejection, encode(task), dict(delivery.headers))
@@ -283,14 +319,19 @@ class GeneratorService(Service):
             )
         return answer
 
-    async def _rollouts_for(self, task: Task) -> list[Rollout]:
+    async def _rollouts_for(self, task: Task, running: Running) -> Outcome:
         loop = self._loop
         assert loop is not None
         if self._known is not None and not self._known(task.domain):
-            return loop.refuse(task, f"unknown domain {task.domain!r}")
+            return Outcome(rollouts=loop.refuse(task, f"unknown domain {task.domain!r}"))
         if task.deadline is not None and task.deadline < time.time():
-            return loop.refuse(task, "the task's deadline passed before it was generated")
-        return await loop.run(task)
+            reason = "the task's deadline passed before it was generated"
+            return Outcome(rollouts=loop.refuse(task, reason))
+        outcome = await loop.run_until(task, running.should_yield)
+        if task.resume:
+            self.resumed += len(task.resume)
+            self.stages.add("preempt_restore", outcome.restore_s)
+        return outcome
 
     # ------------------------------------------------------------------ weights
 
@@ -424,6 +465,8 @@ class GeneratorService(Service):
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
         values["sandbox_admission_waits"] = float(self.sandbox_room.waits)
+        values["preemptions"] = float(self.preempted)
+        values["resumes"] = float(self.resumed)
         values["samples_retried"] = float(self.retried)
         values["samples_retries_exhausted"] = float(self.exhausted)
         values.update(self.scheduler.statistics())
@@ -431,6 +474,11 @@ class GeneratorService(Service):
         for status in RolloutStatus:
             values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
         return values
+
+
+def _tier_of(delivery: Delivery) -> int:
+    """The tier of the subject a task came on (``temper.v1.task.<tier>.<domain>``)."""
+    return int(delivery.subject.split(".")[3])
 
 
 def _batching_of(engine: Engine) -> dict[str, float]:

@@ -30,6 +30,8 @@ from protocol.messages import (
     SandboxOpen,
     SandboxResult,
     SandboxSession,
+    SandboxSnapshot,
+    SandboxSnapshotRequest,
     SandboxStatus,
 )
 
@@ -77,6 +79,10 @@ def parse_tool_call(text: str) -> ToolCallRequest | str:
 class ToolSession(Protocol):
     async def call(self, request: ToolCallRequest) -> ToolOutcome: ...
 
+    async def snapshot(self) -> str | None:
+        """Save the session's state (a preempted trajectory's); None when it has none."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -88,8 +94,10 @@ class ToolBox(Protocol):
         trajectory_id: str,
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
+        snapshot: str | None = None,
     ) -> ToolSession:
-        """A session for one trajectory; ``files`` are in its working directory from the start."""
+        """A session for one trajectory; ``files`` are in its working directory from the
+        start, or, for a resumed trajectory, whatever ``snapshot`` saved."""
         ...
 
 
@@ -104,6 +112,7 @@ class LocalTools:
         trajectory_id: str,
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
+        snapshot: str | None = None,
     ) -> ToolSession:
         return _LocalSession(allowed)
 
@@ -123,12 +132,16 @@ class _LocalSession:
             return ToolOutcome(output=f"{total:g}", status="ok", duration_s=0.0)
         return ToolOutcome(output=json.dumps(args, sort_keys=True), status="ok", duration_s=0.0)
 
+    async def snapshot(self) -> str | None:
+        return None  # stateless
+
     async def close(self) -> None:
         return None
 
 
 _SESSION_REPLY: Codec[SandboxSession | ErrorReply] = Codec(SandboxSession | ErrorReply)
 _EXEC_REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorReply)
+_SNAPSHOT_REPLY: Codec[SandboxSnapshot | ErrorReply] = Codec(SandboxSnapshot | ErrorReply)
 
 
 class SandboxTools:
@@ -151,13 +164,22 @@ class SandboxTools:
         trajectory_id: str,
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
+        snapshot: str | None = None,
     ) -> ToolSession:
-        session = _SandboxSession(
-            self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers()
+        start = _Start(files=dict(files or {}), snapshot=snapshot, on_open=self._on_open)
+        return _SandboxSession(
+            self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers(), start
         )
-        session.files = dict(files or {})
-        session.on_open = self._on_open
-        return session
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Start:
+    """What a session starts from: a task's files, or a preempted trajectory's snapshot."""
+
+    files: dict[str, bytes]
+    snapshot: str | None
+    #: Told the trajectory id once its session is open (sandbox-aware admission).
+    on_open: Callable[[str], None] | None
 
 
 class _SandboxSession:
@@ -170,18 +192,17 @@ class _SandboxSession:
         allowed: tuple[str, ...],
         timeout_s: float,
         trace: dict[str, str],
+        start: _Start,
     ):
         self._nc = nc
         self._trajectory = trajectory_id
-        self.on_open: Callable[[str], None] | None = None
         self._id = re.sub(r"[^A-Za-z0-9_-]", "-", trajectory_id)
         self._allowed = allowed
         self._timeout_s = timeout_s
         #: Every request of the session carries the trace id of the task it works for.
         self._trace = trace
         self._session: SandboxSession | None = None
-        #: The working directory's files when the session opens (a terminal task's setup).
-        self.files: dict[str, bytes] = {}
+        self._start = start
 
     async def _request(self, subject: str, payload: bytes) -> bytes:
         try:
@@ -196,11 +217,17 @@ class _SandboxSession:
 
     async def _open(self) -> SandboxSession:
         if self._session is None:
-            request = SandboxOpen(id=f"{self._id}-{uuid.uuid4().hex[:8]}", files=self.files)
+            start = self._start
+            request = SandboxOpen(
+                id=f"{self._id}-{uuid.uuid4().hex[:8]}",
+                # A snapshot holds the files as the trajectory left them.
+                files={} if start.snapshot else start.files,
+                snapshot=start.snapshot,
+            )
             data = await self._request(subjects.sandbox_session(), encode(request))
             self._session = _decoded_session(data)
-            if self.on_open is not None:
-                self.on_open(self._trajectory)
+            if start.on_open is not None:
+                start.on_open(self._trajectory)
         return self._session
 
     async def call(self, request: ToolCallRequest) -> ToolOutcome:
@@ -224,6 +251,18 @@ class _SandboxSession:
         return ToolOutcome(
             output=output, status=result.status.value, duration_s=time.monotonic() - started
         )
+
+    async def snapshot(self) -> str | None:
+        if self._session is None:
+            return self._start.snapshot  # not opened again since: that state still holds
+        request = SandboxSnapshotRequest(session=self._session.session)
+        reply = _decoded(
+            _SNAPSHOT_REPLY,
+            await self._request(self._session.subject, encode(request)),
+            "sandbox refused the snapshot",
+        )
+        assert isinstance(reply, SandboxSnapshot)
+        return reply.snapshot
 
     async def close(self) -> None:
         if self._session is not None:

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import FailureKind, FinishReason, RolloutStatus, Segment, ToolCall
+from protocol.messages import (
+    FailureKind,
+    FinishReason,
+    RolloutStatus,
+    SavedTrajectory,
+    Segment,
+    ToolCall,
+)
+from protocol.packed import f32_list, i32_list, pack_f32, pack_i32, pack_u8, unpack_u8
 from services.generator.engine import Sample
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -43,6 +51,52 @@ class Trajectory:
     failure: FailureKind | None = None
     generate_s: float = 0.0
     tool_s: float = 0.0
+    #: The sandbox snapshot its tool session starts from (a resumed trajectory's).
+    snapshot: str | None = None
+    #: Asked to yield at a turn boundary, and did: saved, not finished.
+    suspended: bool = False
+    #: Seconds spent saving its state, and on the first tool turn after a resume
+    #: (opening the sandbox from the snapshot included).
+    save_s: float = 0.0
+    restore_s: float = 0.0
+
+    @classmethod
+    def restored(cls, saved: SavedTrajectory, prompt: list[int]) -> Trajectory:
+        """A suspended sample as it was when it yielded."""
+        return cls(
+            index=saved.sample_index,
+            prompt=list(prompt),
+            completion=i32_list(saved.completion),
+            logprobs=f32_list(saved.logprobs),
+            mask=[int(m) for m in unpack_u8(saved.loss_mask)],
+            segments=list(saved.segments),
+            tool_calls=list(saved.tool_calls),
+            cached_tokens=saved.cached_tokens,
+            turns=saved.turns,
+            generate_s=saved.generate_s,
+            tool_s=saved.tool_s,
+            snapshot=saved.snapshot,
+        )
+
+    def saved(self) -> SavedTrajectory:
+        return SavedTrajectory(
+            sample_index=self.index,
+            completion=pack_i32(self.completion),
+            logprobs=pack_f32(self.logprobs),
+            loss_mask=pack_u8(self.mask),
+            segments=self.segments,
+            tool_calls=self.tool_calls,
+            turns=self.turns,
+            cached_tokens=self.cached_tokens,
+            generate_s=self.generate_s,
+            tool_s=self.tool_s,
+            snapshot=self.snapshot,
+        )
+
+    def suspend(self, snapshot: str | None, save_s: float) -> None:
+        self.snapshot = snapshot
+        self.suspended = True
+        self.save_s = save_s
 
     @property
     def total(self) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,20 +17,6 @@ from tests.unit.test_eval_compare import planted_domain, planted_report
 DOMAINS = ("arithmetic_sum3", "tool_use")
 SAMPLES = 2
 LIMIT = 8
-
-
-@pytest.fixture(scope="module")
-def tool_policy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
-    """The tiny policy after a short supervised warm-up on tool_use's reference answers:
-    it then writes ``<tool_call>`` blocks (a random one would never call a tool)."""
-    from services.domains import load_registry
-    from services.learner.warmup import WarmupConfig, supervised_warmup
-
-    policy = tmp_path_factory.mktemp("tool-policy") / "policy"
-    shutil.copytree(tiny_model, policy)
-    domain = load_registry(None).get("tool_use")
-    supervised_warmup(policy, domain, WarmupConfig(steps=80, lr=3e-3, examples=512))
-    return policy
 
 
 async def temper_eval(image: str, *argv: str, timeout_s: float) -> Done:

@@ -21,7 +21,7 @@ from nats.aio.client import Client as NATS
 from protocol import streams, subjects
 from protocol.client import TemperClient
 from protocol.messages import ChatMessage, DomainControl, RolloutStatus, SamplingParams, Task
-from services.generator.engine import EngineStatistics, GenerateRequest, Sample
+from services.generator.engine import GenerateRequest, Sample
 from services.generator.scheduling import SchedulingSettings
 from services.generator.service import GeneratorService
 from services.model.tokens import ChatTokenizer
@@ -29,6 +29,7 @@ from services.runtime.jetstream import ensure_streams
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings
+from tests.engines import ScriptedTurns, occurrences, stopped
 from tests.integration import test_generator_service
 from tests.integration.test_generator_service import RolloutTap, _settings, _submit
 
@@ -75,7 +76,7 @@ async def test_a_ten_to_one_flood_does_not_starve_the_quiet_domain(
     assert " in_flight=" in detail, "temper status shows the domains in flight"
 
 
-class ToolCaller:
+class ToolCaller(ScriptedTurns):
     """Test double at the model boundary: the first turn of a trajectory calls the python
     tool (a task without tools simply ends there); a later turn, whose prompt holds that
     call, answers."""
@@ -83,7 +84,6 @@ class ToolCaller:
     name = "tool-caller"
 
     def __init__(self, tokenizer: ChatTokenizer, code: str = "print(6 * 7)") -> None:
-        self._tokenizer = tokenizer
         body = {"name": "python", "arguments": {"code": code}}
         self._call = tokenizer.encode(f"<tool_call>{json.dumps(body)}</tool_call>")
         end = tokenizer.tool_call_end_id
@@ -91,30 +91,9 @@ class ToolCaller:
             self._call.append(end)
         self._answer = tokenizer.encode("<answer>42</answer>") + list(tokenizer.eos_ids)
 
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
     async def generate(self, request: GenerateRequest) -> list[Sample]:
-        prompt, call = request.prompt_ids, self._call
-        later = any(prompt[i : i + len(call)] == call for i in range(len(prompt) - len(call) + 1))
-        ids = self._answer if later else self._call
-        return [
-            Sample(output_ids=list(ids), logprobs=[-0.5] * len(ids), finish="stop",
-                   cached_tokens=0, version=0)
-            for _ in range(request.n)
-        ]  # fmt: skip
-
-    async def load_weights(self, version: int, source: str) -> None:
-        return None
-
-    async def healthy(self) -> bool:
-        return True
-
-    def statistics(self) -> EngineStatistics:
-        return EngineStatistics()
+        later = occurrences(request.prompt_ids, self._call) > 0
+        return stopped(self._answer if later else self._call, request.n)
 
 
 def _sandbox_settings(nats_url: str, image: str, tmp_path: Path) -> SandboxSettings:

@@ -20,7 +20,6 @@ from protocol.packed import pack_i32
 from services.generator.agent import AgentLoop
 from services.generator.engine import (
     EngineError,
-    EngineStatistics,
     GenerateRequest,
     InvalidRequestError,
     Sample,
@@ -28,12 +27,11 @@ from services.generator.engine import (
 from services.generator.tools import LocalTools, ToolInfraError, ToolSession, parse_tool_call
 from services.generator.trajectory import LoopLimits
 from services.model.tokens import ChatTokenizer
+from tests.engines import ScriptedTurns
 
 
-class ScriptedEngine:
+class ScriptedEngine(ScriptedTurns):
     """Replays scripted turns (token ids) and records every request it got."""
-
-    name = "scripted"
 
     def __init__(
         self, turns: list[list[int]], *, fail_at: int | None = None, refuse: bool = False
@@ -42,12 +40,6 @@ class ScriptedEngine:
         self.requests: list[GenerateRequest] = []
         self._fail_at = fail_at
         self._refuse = refuse
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         self.requests.append(request)
@@ -69,15 +61,6 @@ class ScriptedEngine:
                 )
             )
         return samples
-
-    async def load_weights(self, version: int, source: str) -> None:
-        return None
-
-    async def healthy(self) -> bool:
-        return True
-
-    def statistics(self) -> EngineStatistics:
-        return EngineStatistics()
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +117,10 @@ class RecordingTools(LocalTools):
         trajectory_id: str,
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
+        snapshot: str | None = None,
     ) -> ToolSession:
         self.opened.append(trajectory_id)
-        return await super().open(trajectory_id, allowed, files)
+        return await super().open(trajectory_id, allowed, files, snapshot)
 
 
 async def test_every_turn_of_every_sample_routes_by_the_task_id(tokenizer: ChatTokenizer) -> None:
@@ -226,7 +210,11 @@ async def test_a_request_the_engine_refuses_is_invalid(tokenizer: ChatTokenizer)
 async def test_tool_machinery_failure_is_infra_failure(tokenizer: ChatTokenizer) -> None:
     class BrokenTools:
         async def open(
-            self, trajectory_id: str, allowed: tuple[str, ...], files: object = None
+            self,
+            trajectory_id: str,
+            allowed: tuple[str, ...],
+            files: object = None,
+            snapshot: object = None,
         ) -> object:
             raise ToolInfraError("no sandbox service answered")
 

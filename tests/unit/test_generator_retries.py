@@ -53,7 +53,7 @@ def test_only_failures_of_a_retried_kind_go_again_as_the_next_attempt() -> None:
     assert plan.retry is not None and plan.exhausted is None
     assert (plan.retry.attempt, plan.retry.samples, plan.retry.not_before) == (1, [1, 3], 102.0)
     assert plan.retry.id == "t" and plan.retry.sample_indices == [1, 3]
-    assert retries.retry_msg_id(plan.retry) == "t@1"
+    assert retries.requeue_msg_id(plan.retry) == "t@1~0:1.3"
 
 
 def test_a_wrong_or_invalid_sample_never_goes_again() -> None:

@@ -205,10 +205,14 @@ class FileTools(LocalTools):
         self.files: list[Mapping[str, bytes] | None] = []
 
     async def open(
-        self, trajectory_id: str, allowed: tuple[str, ...], files: Mapping[str, bytes] | None = None
+        self,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        files: Mapping[str, bytes] | None = None,
+        snapshot: str | None = None,
     ) -> ToolSession:
         self.files.append(files)
-        return await super().open(trajectory_id, allowed, files)
+        return await super().open(trajectory_id, allowed, files, snapshot)
 
 
 async def test_the_generator_opens_the_session_with_the_task_files(tiny_model: Path) -> None:
