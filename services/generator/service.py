@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,11 @@ import nats.errors
 import nats.js.errors
 
 from protocol import streams, subjects
-from protocol.codec import Codec, encode
-from protocol.errors import ErrorCode
+from protocol.codec import Codec
 from protocol.messages import (
     DomainControl,
     DomainSchedules,
     PolicyUpdate,
-    RolloutStatus,
     Stats,
     Task,
     WeightFormat,
@@ -37,21 +34,20 @@ from protocol.messages import (
 )
 from services.domains.api import is_heldout
 from services.domains.retry import RetryPolicy
-from services.generator import retries
 from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, Outcome
 from services.generator.engine import Engine, EngineError
 from services.generator.intake import DURABLE, DomainConsumer
+from services.generator.outcomes import Outcomes, RetryPolicies
 from services.generator.preemption import Preemption, Running
 from services.generator.sandbox_room import SandboxRoom
 from services.generator.scheduling import DomainScheduler
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
-from services.generator.trajectory import LoopLimits, Trajectory
+from services.generator.trajectory import LoopLimits
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
-from services.runtime.deadletter import Rejection
 from services.runtime.errors import Defer
 from services.runtime.jetstream import ConsumerSpec
 from services.runtime.policy import last_policy_update
@@ -80,18 +76,12 @@ class GeneratorService(Service):
         self._weights_lock = asyncio.Lock()
         self.version = 0
         self.latest_announced = 0
-        self.rollouts: Counter[str] = Counter()
-        #: Failed samples sent to a new attempt, and those dead-lettered after their last.
-        self.retried = 0
-        self.exhausted = 0
-        #: Samples suspended by a preemption, and suspended samples taken up again.
-        self.preempted = 0
+        #: Suspended samples taken up again.
         self.resumed = 0
         self._gate = PriorityGate(len(streams.TASK_STREAMS), settings.max_concurrent_tasks)
         self.preemption = Preemption(
             self._gate, self._stream_depth, check_s=settings.preempt_check_s, on=settings.preemption
         )
-        self._retries: dict[str, RetryPolicy] = {}
         self.weight_failures = 0
         #: ``torch_distributed`` updates whose broadcast failed (loaded from disk, or not).
         self.broadcast_failures = 0
@@ -102,6 +92,8 @@ class GeneratorService(Service):
         self.sandbox_room = SandboxRoom(settings.sandbox_report_stale_s)
         #: Per task: waiting for admission, generating, publishing; per update: reloading.
         self.stages = Stages()
+        #: Where each task's samples went: published, retried, re-queued, dead-lettered.
+        self.outcomes = Outcomes(self.stages, self.log)
 
     @property
     def engine(self) -> Engine:
@@ -135,7 +127,11 @@ class GeneratorService(Service):
             ),
             generator=self.instance,
         )
-        self._known, weights, self._retries = await asyncio.to_thread(_domains, settings)
+        self._known, weights, policies = await asyncio.to_thread(_domains, settings)
+        default = RetryPolicy(
+            max_attempts=settings.retry_max_attempts, backoff_s=settings.retry_backoff_s
+        )
+        self.outcomes.connect(self.bus, self.dead_letters, RetryPolicies(policies, default))
         self.scheduler = DomainScheduler(settings.scheduling, weights)
         await self._catch_up_weights()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
@@ -202,7 +198,7 @@ class GeneratorService(Service):
         running = self.preemption.started(id(delivery), task, _tier_of(delivery))
         try:
             outcome = await self._generate(task, running)
-            await self._settle(task, outcome, delivery)
+            await self.outcomes.settle(task, outcome, delivery)
         finally:
             self.preemption.finished(id(delivery))
             self.scheduler.finished(task.domain, outcome.rollouts)
@@ -244,69 +240,6 @@ class GeneratorService(Service):
 
     async def _on_sandbox_stats(self, stats: Stats, _: Request) -> None:
         self.sandbox_room.report(stats.instance, stats.values)
-
-    async def _settle(self, task: Task, outcome: Outcome, delivery: Delivery) -> None:
-        """Store the rollouts, except failed samples that go again: their retry is
-        published instead (services.generator.retries), as is the rest of a preempted
-        task (services.generator.preemption)."""
-        plan = retries.plan(task, outcome.rollouts, self._retry_policy(task.domain), time.time())
-        trace_id = delivery.trace_id or None
-        if outcome.suspended:
-            await self._requeue(task, outcome.suspended, delivery)
-        with self.stages.stage("publish"):
-            for rollout in plan.publish:
-                await self.bus.publish(
-                    subjects.rollout(task.domain), rollout, trace_id=trace_id, msg_id=rollout.id
-                )
-                self.rollouts[rollout.status.value] += 1
-            if plan.retry is not None:
-                # The subject it came on decides its tier, as it did for the first try.
-                await self.bus.publish(
-                    delivery.subject,
-                    plan.retry,
-                    trace_id=trace_id,
-                    msg_id=retries.requeue_msg_id(plan.retry),
-                )
-                self.retried += len(plan.retry.sample_indices)
-            if plan.exhausted is not None:
-                await self._give_up(plan.exhausted, plan.reason, delivery)
-
-    async def _requeue(self, task: Task, suspended: list[Trajectory], delivery: Delivery) -> None:
-        """Re-queue a preempted task's suspended samples with their saved state."""
-        resume = retries.resumed(task, [t.saved() for t in suspended])
-        # The subject it came on decides its tier, as for a retry.
-        await self.bus.publish(
-            delivery.subject,
-            resume,
-            trace_id=delivery.trace_id or None,
-            msg_id=retries.requeue_msg_id(resume),
-        )
-        self.preempted += len(suspended)
-        self.stages.add("preempt_save", sum(t.save_s for t in suspended))
-
-    async def _give_up(self, task: Task, reason: str, delivery: Delivery) -> None:
-        """Dead-letter the task of samples that failed on their last attempt."""
-        stream = delivery.msg.metadata.stream
-        rejection = Rejection(
-            code=ErrorCode.RETRIES_EXHAUSTED,
-            message=reason,
-            source=stream,
-            subject=delivery.subject,
-            deliveries=delivery.num_delivered,
-            key=f"{stream}:{retries.requeue_msg_id(task)}",
-        )
-        self.log.warning("retries_exhausted", domain=task.domain, reason=reason)
-        await self.dead_letters.reject(rejection, encode(task), dict(delivery.headers))
-        self.exhausted += len(task.sample_indices)
-
-    def _retry_policy(self, domain: str) -> RetryPolicy:
-        policy = self._retries.get(domain)
-        if policy is None:
-            settings = self.settings
-            policy = RetryPolicy(
-                max_attempts=settings.retry_max_attempts, backoff_s=settings.retry_backoff_s
-            )
-        return policy
 
     async def _on_domain_control(self, request: DomainControl, _: Request) -> DomainSchedules:
         answer = self.scheduler.control(request, self.instance)
@@ -465,14 +398,10 @@ class GeneratorService(Service):
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
         values["sandbox_admission_waits"] = float(self.sandbox_room.waits)
-        values["preemptions"] = float(self.preempted)
         values["resumes"] = float(self.resumed)
-        values["samples_retried"] = float(self.retried)
-        values["samples_retries_exhausted"] = float(self.exhausted)
+        values.update(self.outcomes.statistics())
         values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
-        for status in RolloutStatus:
-            values[f"rollouts_{status.value}"] = float(self.rollouts[status.value])
         return values
 
 

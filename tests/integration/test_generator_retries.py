@@ -67,7 +67,7 @@ async def test_failed_samples_go_again_with_new_ids_in_their_group(
     async with GeneratorService(settings, engine) as service:
         # No sandbox service yet: both samples' tool calls fail on the infrastructure.
         await _submit(nc.jetstream(), _task("flaky"))
-        await _until(lambda: service.retried >= 2, timeout_s=30)
+        await _until(lambda: service.outcomes.retried >= 2, timeout_s=30)
         retry_published = time.time()
         assert tap.got == [], "a sample that goes again is not published as failed"
         async with SandboxService(_sandbox_settings(nats_url, sandbox_image, tmp_path)):
@@ -124,7 +124,7 @@ async def test_samples_failing_on_their_last_attempt_are_dead_lettered_then_retr
     async with GeneratorService(settings, engine) as service:
         await _submit(js, _task("doomed"))
         failed = list(await tap.wait(2, timeout_s=60))
-        await _until(lambda: service.exhausted >= 2, timeout_s=10)
+        await _until(lambda: service.outcomes.exhausted >= 2, timeout_s=10)
         [letter] = [m async for m in dlq.entries(js)]
         async with SandboxService(_sandbox_settings(nats_url, sandbox_image, tmp_path)):
             await dlq.retry_one(js, letter)
