@@ -60,11 +60,12 @@ class SandboxRoom:
 
     def room(self) -> int | None:
         """Free sessions as far as this generator can tell; None when unknown."""
-        since = self._since()
-        if since is None:
+        fresh = self._fresh()
+        if not fresh:
             return None
+        since = _oldest(fresh)
         unseen = sum(1 for opened in self._running.values() if not _seen(opened, since))
-        return sum(r.free for r in self._fresh()) - unseen + self._freed
+        return sum(r.free for r in fresh) - unseen + self._freed
 
     async def admit(self, trajectories: list[str]) -> None:
         """Wait until a session is free for each trajectory, all at once (a task's samples
@@ -113,12 +114,17 @@ class SandboxRoom:
         return [r for r in self._reports.values() if now - r.at <= self.stale_s]
 
     def _since(self) -> float | None:
-        """When the oldest fresh report came in: what every fresh report has seen."""
-        return min((r.at for r in self._fresh()), default=None)
+        fresh = self._fresh()
+        return _oldest(fresh) if fresh else None
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+def _oldest(fresh: list[_Report]) -> float:
+    """When the oldest fresh report came in: what every fresh report has seen."""
+    return min(r.at for r in fresh)
 
 
 def _seen(opened: float | None, since: float) -> bool:
