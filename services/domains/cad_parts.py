@@ -90,9 +90,14 @@ def plate(rng: random.Random, level: int, scale: int) -> Part:
         f"        translate([h[0], h[1], -1]) cylinder(h = {thickness + 2}, d = h[2]);\n"
         "}\n"
     )
+    return Part(description, reference, plate_spec(size, holes))
+
+
+def plate_spec(size: list[int], holes: list[list[float]]) -> dict[str, Any]:
+    """What the validator checks of a plate ``size`` with ``holes`` ``[x, y, d]``."""
+    length, width, thickness = size
     area = length * width - sum(math.pi * d * d / 4 for _, _, d in holes)
-    spec = {"shape": "plate", "size": size, "holes": holes, "volume": area * thickness}
-    return Part(description, reference, spec)
+    return {"shape": "plate", "size": size, "holes": holes, "volume": area * thickness}
 
 
 def tooth_area(root_radius: float, width: float, height: float) -> float:
@@ -132,8 +137,14 @@ def gear(rng: random.Random, level: int, scale: int) -> Part:
         f"    translate([0, 0, -1]) cylinder(h = {thickness + 2}, d = {bore});\n"
         "}\n"
     )
+    return Part(description, reference, gear_spec(teeth, root, width, height, thickness, bore))
+
+
+def gear_spec(
+    teeth: int, root: float, width: float, height: float, thickness: float, bore: float
+) -> dict[str, Any]:
     area = math.pi * (root**2 - bore**2) / 4 + teeth * tooth_area(root / 2, width, height)
-    spec = {
+    return {
         "shape": "gear",
         "teeth": teeth,
         "root_diameter": root,
@@ -143,7 +154,6 @@ def gear(rng: random.Random, level: int, scale: int) -> Part:
         "bore": bore,
         "volume": area * thickness,
     }
-    return Part(description, reference, spec)
 
 
 def box(rng: random.Random, level: int, scale: int) -> Part:
@@ -162,9 +172,13 @@ def box(rng: random.Random, level: int, scale: int) -> Part:
         f"cube([{_g(x - 2 * wall)}, {_g(y - 2 * wall)}, {z}]);\n"
         "}\n"
     )
+    return Part(description, reference, box_spec(size, wall))
+
+
+def box_spec(size: list[int], wall: float) -> dict[str, Any]:
+    x, y, z = size
     volume = x * y * z - (x - 2 * wall) * (y - 2 * wall) * (z - wall)
-    spec = {"shape": "box", "size": size, "wall": wall, "volume": volume}
-    return Part(description, reference, spec)
+    return {"shape": "box", "size": size, "wall": wall, "volume": volume}
 
 
 MAKERS: Final[dict[str, Callable[[random.Random, int, int], Part]]] = {

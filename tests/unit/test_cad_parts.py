@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 import numpy as np
@@ -12,8 +11,8 @@ import trimesh
 
 from protocol.errors import ErrorCode
 from protocol.messages import Rollout, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from services.domains import cad_parts
 from services.domains.cad import domain
-from services.domains.cad_parts import tooth_area
 from services.validator.base import InfraFailure, InvalidRollout
 from services.validator.cad import CadPart, verdict
 from services.validator.cad_checks import Check, check_part
@@ -27,9 +26,7 @@ HOLES = {(1, 1): 6.0, (4, 2): 6.0}
 
 
 def plate_spec() -> dict[str, Any]:
-    holes = [[15, 15, 6.0], [45, 25, 6.0]]
-    volume = (60 * 40 - 2 * math.pi * 9) * 5
-    return {"shape": "plate", "size": [60, 40, 5], "holes": holes, "volume": volume, **TOLERANCES}
+    return {**cad_parts.plate_spec([60, 40, 5], [[15, 15, 6.0], [45, 25, 6.0]]), **TOLERANCES}
 
 
 def failed(checks: list[Check]) -> dict[str, str]:
@@ -85,19 +82,7 @@ def test_an_open_mesh_fails_watertightness_and_what_needs_a_closed_one() -> None
 
 
 def gear_spec(teeth: int = 12, bore: float = 6.0) -> dict[str, Any]:
-    root, width, height, thickness = 30.0, 3.0, 3.0, 4.0
-    area = math.pi * (root**2 - bore**2) / 4 + teeth * tooth_area(root / 2, width, height)
-    return {
-        "shape": "gear",
-        "teeth": teeth,
-        "root_diameter": root,
-        "tooth_width": width,
-        "tooth_height": height,
-        "thickness": thickness,
-        "bore": bore,
-        "volume": area * thickness,
-        **TOLERANCES,
-    }
+    return {**cad_parts.gear_spec(teeth, 30.0, 3.0, 3.0, 4.0, bore), **TOLERANCES}
 
 
 def test_the_right_gear_scores_one_and_a_wrong_tooth_count_fails_teeth() -> None:
@@ -110,8 +95,7 @@ def test_the_right_gear_scores_one_and_a_wrong_tooth_count_fails_teeth() -> None
 
 
 def box_spec(wall: float = 2.0) -> dict[str, Any]:
-    volume = 50 * 30 * 20 - (50 - 2 * wall) * (30 - 2 * wall) * (20 - wall)
-    return {"shape": "box", "size": [50, 30, 20], "wall": wall, "volume": volume, **TOLERANCES}
+    return {**cad_parts.box_spec([50, 30, 20], wall), **TOLERANCES}
 
 
 def test_the_right_box_scores_one_and_thin_walls_fail() -> None:
