@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -93,7 +93,7 @@ def plate(rng: random.Random, level: int, scale: int) -> Part:
     return Part(description, reference, plate_spec(size, holes))
 
 
-def plate_spec(size: list[int], holes: list[list[float]]) -> dict[str, Any]:
+def plate_spec(size: list[int], holes: Sequence[Sequence[float]]) -> dict[str, Any]:
     """What the validator checks of a plate ``size`` with ``holes`` ``[x, y, d]``."""
     length, width, thickness = size
     area = length * width - sum(math.pi * d * d / 4 for _, _, d in holes)
