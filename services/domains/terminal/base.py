@@ -112,3 +112,8 @@ NAMES += ("harbor", "indigo", "juniper", "kestrel", "lumen", "maple", "nimbus", 
 NAMES += ("pylon", "quartz")
 PEOPLE: tuple[str, ...] = ("ana", "ben", "chloe", "dev", "eli", "fay", "gus", "hana", "ivan")
 PEOPLE += ("jade", "kai")
+
+
+def only(*, name: str, message: str, condition: str) -> tuple[Check, ...]:
+    """The checks of a task with one condition."""
+    return (Check(name=name, message=message, condition=condition),)

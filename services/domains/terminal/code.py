@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from services.domains.terminal.base import NAMES, Check, Made, output_is, q
+from services.domains.terminal.base import NAMES, Check, Made, only, output_is, q
 
 
 def python_off_by_one(rng: random.Random) -> Made:
@@ -80,12 +80,10 @@ def cpp_wrong_result(rng: random.Random) -> Made:
         prompt="max.cpp should print the largest value of its vector but prints something "
         "else. Fix max.cpp; it is built with `g++ -o max max.cpp`.",
         files={"max.cpp": code},
-        checks=(
-            Check(
-                name="max",
-                message=f"max.cpp does not print {max(values)}",
-                condition=output_is("g++ -o max max.cpp && ./max", str(max(values))),
-            ),
+        checks=only(
+            name="max",
+            message=f"max.cpp does not print {max(values)}",
+            condition=output_is("g++ -o max max.cpp && ./max", str(max(values))),
         ),
         solution=("sed -i 's/int best = 0;/int best = v[0];/; s/x < best/x > best/' max.cpp",),
     )
@@ -106,12 +104,10 @@ def js_bug(rng: random.Random) -> Made:
         prompt=f"cart.js should print the cart's total after a {rate}% discount, rounded down, "
         "but prints the wrong amount. Fix it (run it with `node cart.js`).",
         files={"cart.js": code},
-        checks=(
-            Check(
-                name="total",
-                message=f"node cart.js does not print {total}",
-                condition=output_is("node cart.js", str(total)),
-            ),
+        checks=only(
+            name="total",
+            message=f"node cart.js does not print {total}",
+            condition=output_is("node cart.js", str(total)),
         ),
         solution=("sed -i 's|total \\* discount / 100|total * (100 - discount) / 100|' cart.js",),
     )
@@ -130,12 +126,10 @@ def shell_variable(rng: random.Random) -> Made:
         prompt="deploy.sh fails when run with `bash deploy.sh`. Fix the script and run it, "
         f"so out/{target}/status exists.",
         files={"deploy.sh": script},
-        checks=(
-            Check(
-                name="status",
-                message=f"out/{target}/status does not say 'built {target}'",
-                condition=f'[ "$(cat out/{target}/status 2>/dev/null)" = {q("built " + target)} ]',
-            ),
+        checks=only(
+            name="status",
+            message=f"out/{target}/status does not say 'built {target}'",
+            condition=f'[ "$(cat out/{target}/status 2>/dev/null)" = {q("built " + target)} ]',
         ),
         solution=("sed -i 's/\\$TARGT/$TARGET/' deploy.sh", "bash deploy.sh"),
     )
@@ -154,12 +148,10 @@ def python_import(rng: random.Random) -> Made:
         prompt="`python3 main.py` fails with an import error. Fix main.py (the function it "
         "needs exists in the app package) so it runs.",
         files=files,
-        checks=(
-            Check(
-                name="runs",
-                message=f"python3 main.py does not print {factor * value}",
-                condition=output_is("python3 main.py", str(factor * value)),
-            ),
+        checks=only(
+            name="runs",
+            message=f"python3 main.py does not print {factor * value}",
+            condition=output_is("python3 main.py", str(factor * value)),
         ),
         solution=("sed -i 's/app.utils/app.helpers/' main.py",),
     )
@@ -208,12 +200,10 @@ def missing_function(rng: random.Random) -> Made:
         "Add perimeter(w, h) (the rectangle's perimeter) to geometry.py so "
         "`python3 report.py` runs.",
         files=files,
-        checks=(
-            Check(
-                name="report",
-                message=f"python3 report.py does not print {a * b} {2 * (a + b)}",
-                condition=output_is("python3 report.py", f"{a * b} {2 * (a + b)}"),
-            ),
+        checks=only(
+            name="report",
+            message=f"python3 report.py does not print {a * b} {2 * (a + b)}",
+            condition=output_is("python3 report.py", f"{a * b} {2 * (a + b)}"),
         ),
         solution=(
             "printf '\\n\\ndef perimeter(w, h):\\n    return 2 * (w + h)\\n' >> geometry.py",

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import random
 
-from services.domains.terminal.base import NAMES, PEOPLE, Check, Made, file_is, json_is, lines_are
+from services.domains.terminal.base import (
+    NAMES,
+    PEOPLE,
+    Made,
+    file_is,
+    json_is,
+    lines_are,
+    only,
+)
 
 
 def _table(rng: random.Random, rows: int) -> list[tuple[int, str, int]]:
@@ -25,12 +33,10 @@ def csv_sum(rng: random.Random) -> Made:
         prompt=f"sales.csv has the columns id,owner,amount. Write the total amount of the "
         f"rows whose owner is {owner} to total.txt.",
         files={"sales.csv": _csv(rows)},
-        checks=(
-            Check(
-                name="total",
-                message=f"total.txt does not hold {owner}'s total",
-                condition=file_is("total.txt", str(total)),
-            ),
+        checks=only(
+            name="total",
+            message=f"total.txt does not hold {owner}'s total",
+            condition=file_is("total.txt", str(total)),
         ),
         solution=(f"awk -F, '$2==\"{owner}\" {{s+=$3}} END {{print s}}' sales.csv > total.txt",),
     )
@@ -45,12 +51,10 @@ def csv_filter(rng: random.Random) -> Made:
         prompt=f"Write the rows of orders.csv whose amount (third column) is greater than "
         f"{threshold} to big.csv, header line first, in their original order.",
         files={"orders.csv": _csv(rows)},
-        checks=(
-            Check(
-                name="big_rows",
-                message="big.csv is not the header plus the big rows",
-                condition=lines_are("big.csv", ["id,owner,amount", *kept]),
-            ),
+        checks=only(
+            name="big_rows",
+            message="big.csv is not the header plus the big rows",
+            condition=lines_are("big.csv", ["id,owner,amount", *kept]),
         ),
         solution=(f"awk -F, 'NR==1 || $3>{threshold}' orders.csv > big.csv",),
     )
@@ -70,12 +74,10 @@ def csv_join(rng: random.Random) -> Made:
         prompt="Join people.csv (id,name) and cities.csv (id,city) on id into joined.csv "
         "with the header id,name,city and the rows sorted by id.",
         files={"people.csv": left, "cities.csv": right},
-        checks=(
-            Check(
-                name="joined",
-                message="joined.csv is not the sorted join on id",
-                condition=lines_are("joined.csv", joined),
-            ),
+        checks=only(
+            name="joined",
+            message="joined.csv is not the sorted join on id",
+            condition=lines_are("joined.csv", joined),
         ),
         solution=(
             "python3 -c \"import csv; a={r['id']: r['name'] for r in csv.DictReader(open("
@@ -95,12 +97,10 @@ def swap_columns(rng: random.Random) -> Made:
         prompt="pairs.tsv has two tab-separated columns. Swap them in place, so each line "
         "holds the second column, a tab, then the first.",
         files={"pairs.tsv": text},
-        checks=(
-            Check(
-                name="swapped",
-                message="pairs.tsv's columns are not swapped",
-                condition=lines_are("pairs.tsv", swapped),
-            ),
+        checks=only(
+            name="swapped",
+            message="pairs.tsv's columns are not swapped",
+            condition=lines_are("pairs.tsv", swapped),
         ),
         solution=(
             "awk -F'\\t' -v OFS='\\t' '{print $2, $1}' pairs.tsv > p.new && mv p.new pairs.tsv",
@@ -123,12 +123,10 @@ def json_set(rng: random.Random) -> Made:
         prompt=f"In settings.json, set workers to {workers} and debug to false; keep every "
         "other setting as it is. The file must stay valid JSON.",
         files={"settings.json": json.dumps(settings, indent=2) + "\n"},
-        checks=(
-            Check(
-                name="settings",
-                message="settings.json is not the settings asked for",
-                condition=json_is("settings.json", wanted),
-            ),
+        checks=only(
+            name="settings",
+            message="settings.json is not the settings asked for",
+            condition=json_is("settings.json", wanted),
         ),
         solution=(
             "python3 -c \"import json; d=json.load(open('settings.json')); "
@@ -148,12 +146,10 @@ def json_repair(rng: random.Random) -> Made:
         prompt="inventory.json does not parse. Fix the syntax error without changing "
         "any key or value.",
         files={"inventory.json": broken},
-        checks=(
-            Check(
-                name="parses",
-                message="inventory.json does not parse to the same inventory",
-                condition=json_is("inventory.json", items),
-            ),
+        checks=only(
+            name="parses",
+            message="inventory.json does not parse to the same inventory",
+            condition=json_is("inventory.json", items),
         ),
         solution=(f"sed -i 's/^{last}$/{last[:-1]}/' inventory.json",),
     )
@@ -168,12 +164,10 @@ def json_to_csv(rng: random.Random) -> Made:
         prompt="stock.json is a list of {sku, qty} records. Write stock.csv with the header "
         "sku,qty and one line per record whose qty is above 0, in the list's order.",
         files={"stock.json": json.dumps(records) + "\n"},
-        checks=(
-            Check(
-                name="csv",
-                message="stock.csv is not the records in stock",
-                condition=lines_are("stock.csv", wanted),
-            ),
+        checks=only(
+            name="csv",
+            message="stock.csv is not the records in stock",
+            condition=lines_are("stock.csv", wanted),
         ),
         solution=(
             "python3 -c \"import json; print('sku,qty'); [print(r['sku'] + ',' + str(r['qty']))"
@@ -194,12 +188,10 @@ def sum_files(rng: random.Random) -> Made:
         prompt="Each file in parts/ holds integers, one a line. Write the sum of all of them "
         "to sum.txt.",
         files=files,
-        checks=(
-            Check(
-                name="sum",
-                message="sum.txt does not hold the sum of every number",
-                condition=file_is("sum.txt", str(total)),
-            ),
+        checks=only(
+            name="sum",
+            message="sum.txt does not hold the sum of every number",
+            condition=file_is("sum.txt", str(total)),
         ),
         solution=("cat parts/*.txt | awk '{s+=$1} END {print s}' > sum.txt",),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from services.domains.terminal.base import NAMES, Check, Made, file_is, lines_are, python, q
+from services.domains.terminal.base import NAMES, Check, Made, file_is, lines_are, only, python, q
 
 
 def config_port(rng: random.Random) -> Made:
@@ -18,12 +18,10 @@ def config_port(rng: random.Random) -> Made:
         prompt=f"The service in conf/{service}.ini must listen on port {new}. Change its port "
         "and nothing else.",
         files={f"conf/{service}.ini": text},
-        checks=(
-            Check(
-                name="port",
-                message=f"conf/{service}.ini is not the config with port {new}",
-                condition=lines_are(f"conf/{service}.ini", wanted),
-            ),
+        checks=only(
+            name="port",
+            message=f"conf/{service}.ini is not the config with port {new}",
+            condition=lines_are(f"conf/{service}.ini", wanted),
         ),
         solution=(f"sed -i 's/^port = {old}$/port = {new}/' conf/{service}.ini",),
     )
@@ -47,12 +45,10 @@ def env_key(rng: random.Random) -> Made:
         prompt=f"The app reads its settings from .env. Add {missing} with the value {value}, "
         "keeping the other settings.",
         files={".env": env},
-        checks=(
-            Check(
-                name="env",
-                message=f".env does not hold {missing}={value} and the rest",
-                condition=check,
-            ),
+        checks=only(
+            name="env",
+            message=f".env does not hold {missing}={value} and the rest",
+            condition=check,
         ),
         solution=(f"echo '{missing}={value}' >> .env",),
     )
@@ -68,12 +64,10 @@ def rename_extension(rng: random.Random) -> Made:
         prompt="Rename every .txt file in docs/ to the same name with the .md extension. "
         "Leave the other files alone.",
         files=files,
-        checks=(
-            Check(
-                name="names",
-                message="docs/ does not hold exactly the renamed files",
-                condition=f"[ \"$(ls docs | sort | tr '\\n' ' ')\" = {q(' '.join(wanted) + ' ')} ]",
-            ),
+        checks=only(
+            name="names",
+            message="docs/ does not hold exactly the renamed files",
+            condition=f"[ \"$(ls docs | sort | tr '\\n' ' ')\" = {q(' '.join(wanted) + ' ')} ]",
         ),
         solution=('for f in docs/*.txt; do mv "$f" "${f%.txt}.md"; done',),
     )
@@ -115,12 +109,10 @@ def largest_file(rng: random.Random) -> Made:
         prompt="Which file in blobs/ is the largest? Write its file name (like name.bin) "
         "to largest.txt.",
         files=files,
-        checks=(
-            Check(
-                name="largest",
-                message="largest.txt does not name the largest file",
-                condition=file_is("largest.txt", f"{top}.bin"),
-            ),
+        checks=only(
+            name="largest",
+            message="largest.txt does not name the largest file",
+            condition=file_is("largest.txt", f"{top}.bin"),
         ),
         solution=("ls -S blobs | head -1 > largest.txt",),
     )
@@ -182,12 +174,10 @@ def symlink_latest(rng: random.Random) -> Made:
         prompt="Create a symbolic link named current pointing to the newest release directory "
         "under releases/ (the highest version number), as the relative path releases/vN.",
         files=files,
-        checks=(
-            Check(
-                name="link",
-                message=f"current is not a symlink to {latest}",
-                condition=f'[ -L current ] && [ "$(readlink current)" = {q(latest)} ]',
-            ),
+        checks=only(
+            name="link",
+            message=f"current is not a symlink to {latest}",
+            condition=f'[ -L current ] && [ "$(readlink current)" = {q(latest)} ]',
         ),
         solution=("ln -s $(ls -d releases/v* | sort -t v -k2 -n | tail -1) current",),
     )
@@ -200,12 +190,10 @@ def private_key(rng: random.Random) -> Made:
         prompt=f"keys/{name} is readable by everyone. Make it readable and writable by its "
         "owner only (mode 600).",
         files={f"keys/{name}": f"secret-{rng.randint(10**5, 10**6)}\n"},
-        checks=(
-            Check(
-                name="mode",
-                message=f"keys/{name} is not mode 600",
-                condition=f'[ "$(stat -c %a keys/{name})" = 600 ]',
-            ),
+        checks=only(
+            name="mode",
+            message=f"keys/{name} is not mode 600",
+            condition=f'[ "$(stat -c %a keys/{name})" = 600 ]',
         ),
         solution=(f"chmod 600 keys/{name}",),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from services.domains.terminal.base import NAMES, Check, Made, file_is, lines_are
+from services.domains.terminal.base import NAMES, Check, Made, file_is, lines_are, only
 
 LEVELS = ("INFO", "WARN", "ERROR", "DEBUG")
 
@@ -30,12 +30,10 @@ def count_errors(rng: random.Random) -> Made:
         prompt=f"How many lines of logs/{name} have the level ERROR? Write the number "
         "alone to error_count.txt in the working directory.",
         files={f"logs/{name}": text},
-        checks=(
-            Check(
-                name="count",
-                message="error_count.txt does not hold the number of ERROR lines",
-                condition=file_is("error_count.txt", str(count)),
-            ),
+        checks=only(
+            name="count",
+            message="error_count.txt does not hold the number of ERROR lines",
+            condition=file_is("error_count.txt", str(count)),
         ),
         solution=(f"grep -c '\\[ERROR\\]' logs/{name} > error_count.txt",),
     )
@@ -57,12 +55,10 @@ def top_ip(rng: random.Random) -> Made:
         prompt="access.log is a web server log, one request a line starting with the "
         "client address. Write the address that made the most requests to top_ip.txt.",
         files={"access.log": text},
-        checks=(
-            Check(
-                name="top_ip",
-                message="top_ip.txt does not hold the busiest client",
-                condition=file_is("top_ip.txt", top),
-            ),
+        checks=only(
+            name="top_ip",
+            message="top_ip.txt does not hold the busiest client",
+            condition=file_is("top_ip.txt", top),
         ),
         solution=(
             "awk '{print $1}' access.log | sort | uniq -c | sort -rn | head -1 "
@@ -83,12 +79,10 @@ def time_window(rng: random.Random) -> Made:
         f"Count the events whose time of day (HH:MM) is between {low} and {high}, both "
         "included, and write the count to window.txt.",
         files={"events.log": text},
-        checks=(
-            Check(
-                name="window",
-                message="window.txt does not hold the count in the window",
-                condition=file_is("window.txt", str(inside)),
-            ),
+        checks=only(
+            name="window",
+            message="window.txt does not hold the count in the window",
+            condition=file_is("window.txt", str(inside)),
         ),
         solution=(
             f'awk \'{{t=substr($1,12,5)}} t>="{low}" && t<="{high}"\' events.log '
@@ -108,12 +102,10 @@ def word_frequency(rng: random.Random) -> Made:
         values=top,
         prompt="Which word occurs most often in notes.txt? Write it to top_word.txt.",
         files={"notes.txt": text},
-        checks=(
-            Check(
-                name="top_word",
-                message="top_word.txt does not hold the most frequent word",
-                condition=file_is("top_word.txt", top),
-            ),
+        checks=only(
+            name="top_word",
+            message="top_word.txt does not hold the most frequent word",
+            condition=file_is("top_word.txt", top),
         ),
         solution=(
             "tr -s ' ' '\\n' < notes.txt | grep -v '^$' | sort | uniq -c | sort -rn "
@@ -134,12 +126,10 @@ def extract_field(rng: random.Random) -> Made:
         prompt="users.txt is in /etc/passwd format. Write the names of the users whose "
         "shell is /bin/bash to bash_users.txt, one a line, sorted alphabetically.",
         files={"users.txt": text},
-        checks=(
-            Check(
-                name="bash_users",
-                message="bash_users.txt does not list exactly the bash users in order",
-                condition=lines_are("bash_users.txt", wanted),
-            ),
+        checks=only(
+            name="bash_users",
+            message="bash_users.txt does not list exactly the bash users in order",
+            condition=lines_are("bash_users.txt", wanted),
         ),
         solution=("awk -F: '$7==\"/bin/bash\" {print $1}' users.txt | sort > bash_users.txt",),
     )
@@ -160,12 +150,10 @@ def grep_todo(rng: random.Random) -> Made:
         prompt="List the files under src/ that contain TODO, as paths like src/x.py, one a "
         "line and sorted, in todo.txt.",
         files=files,
-        checks=(
-            Check(
-                name="todo",
-                message="todo.txt does not list exactly the files with TODO",
-                condition=lines_are("todo.txt", wanted),
-            ),
+        checks=only(
+            name="todo",
+            message="todo.txt does not list exactly the files with TODO",
+            condition=lines_are("todo.txt", wanted),
         ),
         solution=("grep -rl TODO src | sort > todo.txt",),
     )
@@ -183,12 +171,10 @@ def dedupe_lines(rng: random.Random) -> Made:
         prompt="Remove the repeated lines of queue.txt in place, keeping the first "
         "occurrence of each line and the original order.",
         files={"queue.txt": "\n".join(lines) + "\n"},
-        checks=(
-            Check(
-                name="deduped",
-                message="queue.txt is not the first occurrences in order",
-                condition=lines_are("queue.txt", seen),
-            ),
+        checks=only(
+            name="deduped",
+            message="queue.txt is not the first occurrences in order",
+            condition=lines_are("queue.txt", seen),
         ),
         solution=("awk '!seen[$0]++' queue.txt > queue.new && mv queue.new queue.txt",),
     )
