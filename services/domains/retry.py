@@ -23,6 +23,9 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
     on: tuple[FailureKind, ...] = RETRY_ON
+    #: A multi-turn sample is checkpointed at every turn boundary (its conversation, and
+    #: a snapshot of its sandbox session), and its retry goes on from the last one.
+    resume: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

@@ -20,6 +20,7 @@ from protocol.messages import (
     FinishReason,
     Rollout,
     RolloutStatus,
+    SavedTrajectory,
     Task,
     Timings,
     ToolCall,
@@ -62,10 +63,13 @@ class AgentLoop:
     async def run(self, task: Task) -> list[Rollout]:
         return (await self.run_until(task, _never)).rollouts
 
-    async def run_until(self, task: Task, yield_now: Callable[[], bool]) -> Outcome:
+    async def run_until(
+        self, task: Task, yield_now: Callable[[], bool], *, checkpoints: bool = False
+    ) -> Outcome:
         """The task's rollouts; a sample at a turn boundary while ``yield_now()`` is true
         stops there and comes back saved instead (preemption), to go on later from
-        ``Task.resume``."""
+        ``Task.resume``.  With ``checkpoints`` each sample is saved at every turn boundary
+        (its sandbox snapshotted), so that a retry of a failed one goes on from there."""
         started = time.time()
         prompt = self.prompt_ids(task)
         budget = min(task.max_total_tokens or self.limits.max_total_tokens, self.limits.context_len)
@@ -82,10 +86,16 @@ class AgentLoop:
             for i in task.sample_indices
         ]
         await self._first_turn(task, [t for t in trajectories if t.index not in saved], budget)
-        await asyncio.gather(*(self._continue(task, t, budget, yield_now) for t in trajectories))
+        boundary = _Boundary(yield_now=yield_now, checkpoints=checkpoints)
+        await asyncio.gather(*(self._continue(task, t, budget, boundary) for t in trajectories))
         return Outcome(
             rollouts=[self._rollout(task, t, started) for t in trajectories if not t.suspended],
             suspended=[t for t in trajectories if t.suspended],
+            checkpoints={
+                t.index: t.checkpoint
+                for t in trajectories
+                if t.checkpoint is not None and t.status is RolloutStatus.INFRA_FAILURE
+            },
             restore_s=sum(t.restore_s for t in trajectories),
         )
 
@@ -116,7 +126,7 @@ class AgentLoop:
     # ------------------------------------------------------------------ turns
 
     async def _continue(
-        self, task: Task, trajectory: Trajectory, budget: int, yield_now: Callable[[], bool]
+        self, task: Task, trajectory: Trajectory, budget: int, boundary: _Boundary
     ) -> None:
         """Run tool calls and further turns until the model stops, a limit is reached, or
         the loop is asked to yield (at a turn boundary: before the next tool call)."""
@@ -127,9 +137,11 @@ class AgentLoop:
                 if trajectory.turns >= task.max_turns:
                     trajectory.finish = FinishReason.MAX_TURNS
                     return
-                if yield_now():
+                if boundary.yield_now():
                     await _suspend(trajectory, session)
                     return
+                if boundary.checkpoints:
+                    trajectory.checkpoint = trajectory.saved(await _snapshot(trajectory, session))
                 session = session or await self.tools.open(
                     rollout_id(task.id, trajectory.index, task.attempt),
                     _tools(task),
@@ -305,13 +317,28 @@ class Outcome:
     suspended: list[Trajectory] = field(default_factory=list)
     #: The first tool turns of resumed samples (their sandbox restored from a snapshot).
     restore_s: float = 0.0
+    #: Failed samples' last turn boundaries (run with ``checkpoints``), to retry from.
+    checkpoints: dict[int, SavedTrajectory] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Boundary:
+    """What a sample does at a turn boundary: yield (preempted) or save a checkpoint."""
+
+    yield_now: Callable[[], bool]
+    checkpoints: bool
 
 
 async def _suspend(trajectory: Trajectory, session: ToolSession | None) -> None:
     """Save the sample's sandbox state (its conversation is in the trajectory already)."""
     started = time.monotonic()
-    snapshot = await session.snapshot() if session is not None else trajectory.snapshot
+    snapshot = await _snapshot(trajectory, session)
     trajectory.suspend(snapshot, time.monotonic() - started)
+
+
+async def _snapshot(trajectory: Trajectory, session: ToolSession | None) -> str | None:
+    """The sandbox state as the sample's tool calls so far left it."""
+    return await session.snapshot() if session is not None else trajectory.snapshot
 
 
 def _never() -> bool:

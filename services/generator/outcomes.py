@@ -22,6 +22,7 @@ from protocol.messages import RolloutStatus, Task
 from services.domains.retry import RetryPolicy
 from services.generator import retries
 from services.generator.agent import Outcome
+from services.generator.preemption import preemptible
 from services.generator.trajectory import Trajectory
 from services.runtime.bus import Bus
 from services.runtime.consumer import Delivery
@@ -68,11 +69,17 @@ class Outcomes:
             raise RuntimeError("outcomes not connected (service not started)")
         return self._wiring
 
+    def checkpoints(self, task: Task) -> bool:
+        """Whether the task's samples are saved at each turn boundary, to retry from."""
+        policy = self.wiring.policies.of(task.domain)
+        return policy.resume and policy.max_attempts > task.attempt + 1 and preemptible(task)
+
     async def settle(self, task: Task, outcome: Outcome, delivery: Delivery) -> None:
         """Store the rollouts, except failed samples that go again: their retry is
         published instead, as is the rest of a preempted task."""
         wiring = self.wiring
-        plan = retries.plan(task, outcome.rollouts, wiring.policies.of(task.domain), time.time())
+        policy = wiring.policies.of(task.domain)
+        plan = retries.plan(task, outcome.rollouts, policy, time.time(), outcome.checkpoints)
         trace_id = delivery.trace_id or None
         if outcome.suspended:
             await self._requeue(task, outcome.suspended, delivery)

@@ -12,13 +12,15 @@ published as they failed (the group and the statistics count them) and their tas
 to the dead-letter stream, from which ``temper dlq retry`` starts a new attempt.
 
 A preempted task's suspended samples are re-queued the same way (:func:`resumed`), at
-the same attempt, with their saved state; a retry of a sample saved so goes on from
-that state, its last good one.
+the same attempt, with their saved state.  A retried sample goes on from its last good
+state: its checkpoint (the last turn boundary, when the domain's policy has
+``resume``), else the state a preemption saved, else the prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -39,7 +41,13 @@ class RetryPlan:
     reason: str = ""
 
 
-def plan(task: Task, rollouts: list[Rollout], policy: RetryPolicy, now: float) -> RetryPlan:
+def plan(
+    task: Task,
+    rollouts: list[Rollout],
+    policy: RetryPolicy,
+    now: float,
+    checkpoints: Mapping[int, SavedTrajectory] | None = None,
+) -> RetryPlan:
     failed = [r for r in rollouts if r.status is RolloutStatus.INFRA_FAILURE]
     again = [r for r in failed if policy.retries(r.failure, task.attempt)]
     going = {r.id for r in again}
@@ -49,6 +57,7 @@ def plan(task: Task, rollouts: list[Rollout], policy: RetryPolicy, now: float) -
     if again:
         attempt = task.attempt + 1
         retry = _subset(task, again, attempt=attempt, not_before=now + policy.backoff(attempt))
+        retry = _from_checkpoints(retry, checkpoints or {})
     if given_up:
         exhausted = _subset(task, given_up, attempt=task.attempt, not_before=None)
     reason = ""
@@ -81,6 +90,13 @@ def resumed(task: Task, saved: list[SavedTrajectory]) -> Task:
         preemptions=task.preemptions + 1,
         not_before=None,
     )
+
+
+def _from_checkpoints(task: Task, checkpoints: Mapping[int, SavedTrajectory]) -> Task:
+    """Samples with a checkpoint (their last turn boundary) go on from it."""
+    saved = {s.sample_index: s for s in task.resume}
+    saved.update((i, c) for i, c in checkpoints.items() if i in task.sample_indices)
+    return msgspec.structs.replace(task, resume=[saved[i] for i in sorted(saved)])
 
 
 def _subset(task: Task, rollouts: list[Rollout], *, attempt: int, not_before: float | None) -> Task:

@@ -260,7 +260,8 @@ class GeneratorService(Service):
         if task.deadline is not None and task.deadline < time.time():
             reason = "the task's deadline passed before it was generated"
             return Outcome(rollouts=loop.refuse(task, reason))
-        outcome = await loop.run_until(task, running.should_yield)
+        checkpoints = self.outcomes.checkpoints(task)
+        outcome = await loop.run_until(task, running.should_yield, checkpoints=checkpoints)
         if task.resume:
             self.resumed += len(task.resume)
             self.stages.add("preempt_restore", outcome.restore_s)

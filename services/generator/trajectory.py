@@ -59,6 +59,8 @@ class Trajectory:
     #: (opening the sandbox from the snapshot included).
     save_s: float = 0.0
     restore_s: float = 0.0
+    #: Its state at the last turn boundary, when checkpoints are on.
+    checkpoint: SavedTrajectory | None = None
 
     @classmethod
     def restored(cls, saved: SavedTrajectory, prompt: list[int]) -> Trajectory:
@@ -78,19 +80,21 @@ class Trajectory:
             snapshot=saved.snapshot,
         )
 
-    def saved(self) -> SavedTrajectory:
+    def saved(self, snapshot: str | None = None) -> SavedTrajectory:
+        """Its state now, with ``snapshot`` of its sandbox (default: the one it started from)."""
         return SavedTrajectory(
             sample_index=self.index,
             completion=pack_i32(self.completion),
             logprobs=pack_f32(self.logprobs),
             loss_mask=pack_u8(self.mask),
-            segments=self.segments,
-            tool_calls=self.tool_calls,
+            # Copies: the trajectory goes on after a checkpoint.
+            segments=list(self.segments),
+            tool_calls=list(self.tool_calls),
             turns=self.turns,
             cached_tokens=self.cached_tokens,
             generate_s=self.generate_s,
             tool_s=self.tool_s,
-            snapshot=self.snapshot,
+            snapshot=snapshot or self.snapshot,
         )
 
     def suspend(self, snapshot: str | None, save_s: float) -> None:

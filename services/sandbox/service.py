@@ -90,7 +90,7 @@ class SandboxService(Service):
         self._backend = backend
         self.subject = subjects.sandbox_instance(re.sub(r"[^A-Za-z0-9_-]", "-", self.instance))
         self._sessions: dict[str, Session] = {}
-        self.snapshots = SnapshotStore(settings.snapshot_dir)
+        self.snapshots = SnapshotStore(settings.snapshot_dir, settings.snapshot_ttl_s)
         #: Used sandboxes being reset (or replaced), each on its own: one slow removal
         #: must not hold back the resets that free the others.
         self._releasing: set[asyncio.Task[None]] = set()

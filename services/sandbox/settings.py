@@ -51,6 +51,9 @@ class SandboxSettings:
     #: Per-container socket directories live here (bind-mounted into the containers).
     state_dir: Path = Path("/tmp/temper-sandbox")
     snapshot_dir: Path = Path("/tmp/temper-sandbox/snapshots")
+    #: Snapshots older than this are removed (generators take one per turn boundary of a
+    #: multi-turn sample; a resume or retry needs it for as long as its task may wait).
+    snapshot_ttl_s: float = 86400.0
     defaults: Limits = field(default_factory=Limits)
     maxima: Limits = field(
         default_factory=lambda: Limits(

@@ -13,9 +13,11 @@ model writes no tool calls); the deduplication test uses the real torch engine.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -24,10 +26,12 @@ from protocol.codec import Codec, encode
 from protocol.errors import ErrorCode
 from protocol.messages import ChatMessage, FailureKind, RolloutStatus, SamplingParams, Task
 from services.cli import dlq
+from services.generator.engine import GenerateRequest, Sample
 from services.generator.service import GeneratorService
 from services.model.tokens import ChatTokenizer
 from services.runtime.jetstream import ensure_streams
 from services.sandbox.service import SandboxService
+from tests.engines import ScriptedTurns, occurrences, stopped
 from tests.integration import test_generator_service
 from tests.integration.test_generator_scheduling import ToolCaller, _sandbox_settings
 from tests.integration.test_generator_service import RolloutTap, _settings, _submit
@@ -141,6 +145,57 @@ async def test_samples_failing_on_their_last_attempt_are_dead_lettered_then_retr
     assert sorted(r.id for r in retried) == ["doomed/0@2", "doomed/1@2"]
     assert {r.status for r in retried} == {RolloutStatus.OK}
     assert [m async for m in dlq.entries(js)] == [], "the retried dead letter is gone"
+
+
+class TwoSteps(ScriptedTurns):
+    """Test double at the model boundary: writes a note, reads it back, answers.  Before
+    the read it waits for ``proceed`` (the test stops the sandbox service meanwhile)."""
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self.steps = [_bash(tokenizer, "echo kept > note.txt"), _bash(tokenizer, "cat note.txt")]
+        self.answer = tokenizer.encode("<answer>kept</answer>") + list(tokenizer.eos_ids)
+        self.first_turns = 0
+        self.at_read = asyncio.Event()
+        self.proceed = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest) -> list[Sample]:
+        made = sum(occurrences(request.prompt_ids, step) for step in self.steps)
+        if made == 0:
+            self.first_turns += 1
+        if made == 1:
+            self.at_read.set()
+            await self.proceed.wait()
+        ids = self.steps[made] if made < len(self.steps) else self.answer
+        return stopped(ids, request.n)
+
+
+def _bash(tokenizer: ChatTokenizer, code: str) -> list[int]:
+    body = {"name": "bash", "arguments": {"code": code}}
+    return tokenizer.encode(f"<tool_call>{json.dumps(body)}</tool_call>")
+
+
+async def test_a_multi_turn_retry_goes_on_from_its_last_checkpoint(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path, sandbox_image: str, tmp_path: Path
+) -> None:
+    settings = _settings(
+        nats_url, tiny_model, tools="sandbox", tool_timeout_s=10.0, retry_backoff_s=0.2
+    )
+    engine = TwoSteps(ChatTokenizer.load(tiny_model))
+    task = msgspec.structs.replace(_task("notes", n=1, tools=("bash",)), max_turns=4)
+    sandbox = _sandbox_settings(nats_url, sandbox_image, tmp_path)
+    async with GeneratorService(settings, engine) as service:
+        async with SandboxService(sandbox):
+            await _submit(nc.jetstream(), task)
+            await asyncio.wait_for(engine.at_read.wait(), timeout=60)
+        # The sandbox is gone when the read runs: a tool failure, retried.
+        engine.proceed.set()
+        await _until(lambda: service.outcomes.retried >= 1, timeout_s=30)
+        # Another sandbox instance, sharing the snapshot directory.
+        async with SandboxService(sandbox):
+            [rollout] = await tap.wait(1, timeout_s=90)
+    assert rollout.id == "notes/0@1" and rollout.status is RolloutStatus.OK, rollout.error
+    assert [c.output.strip() for c in rollout.tool_calls] == ["", "kept"]
+    assert engine.first_turns == 1, "the retry went on from its checkpoint, not the prompt"
 
 
 def _fields(task: Task) -> dict[str, object]:

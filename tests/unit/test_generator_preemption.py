@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from protocol.codec import Codec, encode
-from protocol.messages import ChatMessage, SavedTrajectory, Segment, Task, ToolCall
+from protocol.messages import (
+    ChatMessage,
+    FailureKind,
+    RolloutStatus,
+    SavedTrajectory,
+    Segment,
+    Task,
+    ToolCall,
+)
+from services.domains.retry import RetryPolicy
 from services.generator import retries
+from services.generator.agent import AgentLoop
 from services.generator.preemption import Preemption, preemptible
+from services.generator.tools import ToolCallRequest, ToolInfraError, ToolOutcome
 from services.generator.trajectory import Trajectory
+from services.model.tokens import ChatTokenizer
 from services.runtime.priority import PriorityGate
+from tests.unit.test_generator_agent import ScriptedEngine
 
 TOOLS = Task(
     id="t", domain="d", prompt=[ChatMessage(role="user", content="q")], tools=["bash"], max_turns=4
@@ -94,3 +109,64 @@ def test_a_trajectory_survives_saving_through_the_wire() -> None:
 def test_saved_arrays_must_agree() -> None:
     with pytest.raises(ValueError, match="one entry per completion token"):
         SavedTrajectory(sample_index=0, completion=b"\0" * 8, logprobs=b"\0" * 4, loss_mask=b"\1")
+
+
+class FlakyTools:
+    """Sessions whose second call fails the first time (the sandbox died), with snapshots."""
+
+    def __init__(self) -> None:
+        self.opened_from: list[str | None] = []
+        self.snapshots = 0
+        self.failed = False
+
+    async def open(
+        self,
+        trajectory_id: str,
+        allowed: tuple[str, ...],
+        files: object = None,
+        snapshot: str | None = None,
+    ) -> FlakySession:
+        self.opened_from.append(snapshot)
+        return FlakySession(self)
+
+
+class FlakySession:
+    def __init__(self, tools: FlakyTools) -> None:
+        self._tools = tools
+        self._calls = 0
+
+    async def call(self, request: ToolCallRequest) -> ToolOutcome:
+        self._calls += 1
+        if self._calls == 2 and not self._tools.failed:
+            self._tools.failed = True
+            raise ToolInfraError("sandbox died")
+        return ToolOutcome(output=f"ran {self._calls}", status="ok", duration_s=0.0)
+
+    async def snapshot(self) -> str | None:
+        self._tools.snapshots += 1
+        return f"snap-{self._tools.snapshots}"
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_failed_sample_is_retried_from_its_last_checkpoint(tiny_model: Path) -> None:
+    tokenizer = ChatTokenizer.load(tiny_model)
+    call = tokenizer.encode('<tool_call>{"name": "bash", "arguments": {"code": "x"}}</tool_call>')
+    answer = tokenizer.encode("<answer>1</answer>") + list(tokenizer.eos_ids)
+    engine = ScriptedEngine([call, call, call, answer])
+    tools = FlakyTools()
+    loop = AgentLoop(engine, tokenizer, tools)  # type: ignore[arg-type]
+    outcome = await loop.run_until(TOOLS, lambda: False, checkpoints=True)
+    [failed] = outcome.rollouts
+    assert failed.failure is FailureKind.TOOL and list(outcome.checkpoints) == [0]
+    plan = retries.plan(TOOLS, outcome.rollouts, RetryPolicy(), 0.0, outcome.checkpoints)
+    assert plan.retry is not None
+    [saved] = plan.retry.resume
+    # Saved before the failed call, with the sandbox as the first call left it.
+    assert (saved.turns, saved.snapshot, len(saved.tool_calls)) == (2, "snap-1", 1)
+    [rollout] = await loop.run(plan.retry)
+    assert tools.opened_from == [None, "snap-1"]
+    assert rollout.id == "t/0@1" and rollout.status is RolloutStatus.OK
+    assert [c.output for c in rollout.tool_calls] == ["ran 1", "ran 1", "ran 2"]
+    assert len(engine.requests) == 4, "turns 1 and 2 were not generated again"

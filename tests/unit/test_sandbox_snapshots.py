@@ -83,3 +83,17 @@ async def test_store_saves_whole_files_with_a_digest(tmp_path: Path) -> None:
         with pytest.raises(RequestRejected) as caught:
             await store.load(bad)
         assert (caught.value.code, caught.value.field) == (ErrorCode.BAD_REQUEST, "$.snapshot")
+
+
+async def test_old_snapshots_are_pruned_when_a_new_one_is_saved(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, ttl_s=3600.0)
+    old = await store.save("s1", b"old")
+    kept = await store.save("s2", b"kept")
+    stale = tmp_path / f"{old.snapshot}.tar.gz"
+    os.utime(stale, (1.0, 1.0))  # saved long ago
+    store._pruned_at = float("-inf")  # the next save is due to prune
+    new = await store.save("s3", b"new")
+    assert not stale.exists()
+    assert await store.load(kept.snapshot) == b"kept" and await store.load(new.snapshot) == b"new"
+    with pytest.raises(RequestRejected, match="unknown snapshot"):
+        await store.load(old.snapshot)
