@@ -1,0 +1,547 @@
+"""High-tier latency while low-tier multi-turn work holds every generator slot:
+preemption at a turn boundary on vs off, in one run.
+
+Each lane is a fresh nats-server and an in-process generator service (torch engine,
+``max_concurrent_tasks`` 2, in-process ``local`` tools) serving the tiny policy after a
+short supervised warm-up on the built-in ``tool_use`` domain's modpow puzzles, whose
+prompts hold up to seven earlier turns of the same tool call and its output, with the
+call as the reference: it then answers every turn with a ``<tool_call>`` block, so each
+low-tier (tier 3) task runs all its ``max_turns`` turns (the local tools echo a call's
+arguments back, and the policy calls again).  Eight turns by default, so that a task
+holds its slot for several turns, the case preemption is for.  The warmed policy is
+cached under ``$TEMPER_CACHE`` (default /var/cache/temper) by a hash of its recipe.
+
+A lane submits a stream of low-tier tasks that saturates both slots, then high-tier
+(tier 0) single-turn tasks at random intervals, each stamped ``created_at`` at submit:
+
+- queue: ``Rollout.timings.queued_s``, generation start minus ``created_at`` (waiting
+  for a slot: with preemption off, until a low-tier task ends; on, until a running
+  trajectory reaches its next turn boundary and yields).
+- published: submit to the rollout arriving on its subject (queue + generation +
+  publishing).
+
+Each repeat runs both lanes, alternating which goes first; ranges are over repeats.
+Preemption overhead per trajectory is the generator's save plus restore stage time
+per preempted trajectory, set against a plain turn (engine time per generated turn of
+the same lane's low-tier trajectories).
+
+Goal (issue 14): >= 5x lower high-tier p95 queue with preemption on.  Figures are
+printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import nats
+from bench_sandbox import percentile
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from protocol import streams, subjects
+from protocol.codec import Codec, encode
+from protocol.messages import ChatMessage, Rollout, SamplingParams, Task
+from services.cli.common import run
+from services.domains import tool_use
+from services.domains.api import Domain, Example, Split
+from services.generator.service import GeneratorService
+from services.generator.settings import GeneratorSettings
+from services.generator.tools import parse_tool_call
+from services.learner.warmup import WarmupConfig
+from services.model.tiny import TinyModelSpec
+from services.runtime import logs
+from services.runtime.jetstream import ensure_streams
+from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
+from services.runtime.settings import RuntimeSettings
+
+GOAL_RATIO = 5.0
+HIGH_TIER, LOW_TIER = 0, 3
+HIGH_DOMAIN, LOW_DOMAIN = "urgent", "tool_use"
+#: The warm-up of the cached policy; a change of it (or of the recipe) makes a new one.
+WARMUP = WarmupConfig(steps=80, lr=3e-3, examples=512)
+RECIPE = "tool_use modpow, calls again after each output, v1"
+ROLLOUTS: Codec[Rollout] = Codec(Rollout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    slots: int = 2
+    #: High-tier tasks measured per lane (after one unmeasured warm-up task).
+    high_tasks: int = 12
+    #: Mean gap between high-tier arrivals; each gap is drawn from 0.5x..1.5x of it.
+    interval_s: float = 1.0
+    #: Low-tier tasks in the stream: more than the slots can finish while the lane runs.
+    low_tasks: int = 48
+    max_turns: int = 8
+    turn_tokens: int = 96
+    high_tokens: int = 16
+    seed: int = 0
+
+
+@dataclass(kw_only=True)
+class Lane:
+    """One generator's figures, preemption on or off."""
+
+    preemption: bool
+    queued: list[float] = field(default_factory=list)
+    published: list[float] = field(default_factory=list)
+    #: The high-tier tasks' own generation (``timings.total_s``).
+    generating: list[float] = field(default_factory=list)
+    low_trajectories: int = 0
+    low_turns: int = 0
+    low_generate_s: float = 0.0
+    low_tool_s: float = 0.0
+    low_total_s: float = 0.0
+    wall_s: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return "on" if self.preemption else "off"
+
+    def stat(self, key: str) -> float:
+        return self.stats.get(key, 0.0)
+
+    @property
+    def turn_s(self) -> float:
+        """Engine time of a plain low-tier turn."""
+        return self.low_generate_s / self.low_turns if self.low_turns else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        """Save plus restore time per preempted trajectory."""
+        spent = self.stat("time_preempt_save_s") + self.stat("time_preempt_restore_s")
+        preempted = self.stat("preemptions")
+        return spent / preempted if preempted else 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """Share of slot time spent generating tasks (of slots x lane wall time)."""
+        slots = self.stat("slots") or 1.0
+        return self.stat("time_generate_s") / (slots * self.wall_s) if self.wall_s else 0.0
+
+
+# ---------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolLoop(Domain):
+    """The tool_use domain's modpow puzzles (short calls), each prompt with up to
+    ``depth`` earlier turns of the same call and its local-tool output, the call as the
+    reference: a policy warmed on it calls the tool again at every turn, so a trajectory
+    runs all its turns instead of answering (or, never having seen a long conversation,
+    babbling to its token limit)."""
+
+    depth: int = 7
+
+    def examples(self, n: int, split: Split = "train", seed: int = 0) -> list[Example]:
+        rng = random.Random(seed)
+        return [
+            self._looped(e, rng.randrange(self.depth + 1)) for e in super().examples(n, split, seed)
+        ]
+
+    def _looped(self, example: Example, turns: int) -> Example:
+        call = example.reference.split("\n", 1)[0]
+        parsed = parse_tool_call(call)
+        assert not isinstance(parsed, str), parsed
+        # What LocalTools answers a python call: its arguments, echoed.
+        output = json.dumps(parsed.arguments, sort_keys=True)
+        turn = [
+            ChatMessage(role="assistant", content=call),
+            ChatMessage(role="tool", content=output),
+        ]
+        prompt = [*example.task.prompt, *(turn * turns)]
+        return Example(task=msgspec.structs.replace(example.task, prompt=prompt), reference=call)
+
+
+def modpow() -> Domain:
+    """tool_use with only its modpow puzzles: the shortest tool calls."""
+    return tool_use.domain(LOW_DOMAIN, {"task": "modpow"})
+
+
+def tool_domain() -> ToolLoop:
+    base = modpow()
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return ToolLoop(**fields)
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("TEMPER_CACHE") or "/var/cache/temper")
+    return root if os.access(root, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def warmed_policy() -> Path:
+    """The tool-calling tiny policy, built once per recipe (about a minute on 2 cores)."""
+    recipe = json.dumps([RECIPE, repr(TinyModelSpec()), repr(WARMUP)]).encode()
+    path = cache_root() / f"bench-scheduling-policy-{hashlib.sha256(recipe).hexdigest()[:16]}"
+    if (path / "config.json").exists():
+        return path
+    from services.learner.warmup import supervised_warmup
+    from services.model.tiny import init_model
+
+    print(f"warming the tool-calling policy into {path} (once) ...", flush=True)
+    building = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    try:
+        init_model(building / "policy", force=True)
+        supervised_warmup(building / "policy", tool_domain(), WARMUP)
+        # A rename is atomic: a run killed half-way leaves no half-built policy behind.
+        (building / "policy").rename(path)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return path
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def low_tasks(work: Workload) -> list[Task]:
+    examples = modpow().examples(work.low_tasks, split="train", seed=work.seed)
+    sampling = SamplingParams(max_tokens=work.turn_tokens, temperature=0.0)
+    return [
+        msgspec.structs.replace(
+            e.task, id=f"low-{i}", tier=LOW_TIER, n=1, max_turns=work.max_turns, sampling=sampling
+        )
+        for i, e in enumerate(examples)
+    ]
+
+
+def high_task(index: int, work: Workload, prompt: Task) -> Task:
+    """Single-turn, no tools; ``created_at`` is set when it is submitted."""
+    return msgspec.structs.replace(
+        prompt,
+        id=f"high-{index}",
+        domain=HIGH_DOMAIN,
+        tier=HIGH_TIER,
+        tools=[],
+        n=1,
+        max_turns=1,
+        sampling=SamplingParams(max_tokens=work.high_tokens, temperature=0.0),
+        metadata={},
+    )
+
+
+async def submit(nc: NATS, task: Task) -> None:
+    await nc.jetstream().publish(
+        subjects.task(task.tier, task.domain), encode(task), headers={"Nats-Msg-Id": task.id}
+    )
+
+
+class Tap:
+    """Every rollout published in a lane, with the monotonic time it arrived."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, tuple[Rollout, float]] = {}
+        self.changed = asyncio.Event()
+
+    async def on_msg(self, msg: Msg) -> None:
+        rollout = ROLLOUTS.decode(msg.data)
+        self.arrived[rollout.task.id] = (rollout, time.monotonic())
+        self.changed.set()
+
+    async def wait_for(self, task_ids: Sequence[str], timeout_s: float) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    self.changed.clear()
+                    if all(task_id in self.arrived for task_id in task_ids):
+                        return
+                    await self.changed.wait()
+        except TimeoutError:
+            missing = [t for t in task_ids if t not in self.arrived]
+            raise RuntimeError(f"no rollout within {timeout_s:g}s for {missing}") from None
+
+
+# ---------------------------------------------------------------- lanes
+
+
+def preemption_available() -> bool:
+    return "preemption" in {f.name for f in dataclasses.fields(GeneratorSettings)}
+
+
+def lane_settings(url: str, policy: Path, work: Workload, preemption: bool) -> GeneratorSettings:
+    switch = {"preemption": preemption} if preemption_available() else {}
+    return GeneratorSettings(
+        # A short grace: in-flight low-tier work is handed back at the end of a lane.
+        runtime=RuntimeSettings(
+            nats_url=url, instance=f"bench-{preemption}", grace_s=0.5, stats_s=60
+        ),
+        model=policy,
+        tools="local",
+        check_domains=False,
+        max_concurrent_tasks=work.slots,
+        fetch_wait_s=0.2,
+        prefix_cache_mb=64,
+        **switch,  # type: ignore[arg-type]
+    )
+
+
+async def run_lane(policy: Path, work: Workload, preemption: bool) -> Lane:
+    with tempfile.TemporaryDirectory(prefix="temper-bench-sched-") as tmp:
+        server = NatsServer(NatsServerSettings(store_dir=Path(tmp), port=RANDOM_PORT))
+        server.start()
+        try:
+            return await _lane_on(server.url, policy, work, preemption)
+        finally:
+            server.stop()
+
+
+async def _lane_on(url: str, policy: Path, work: Workload, preemption: bool) -> Lane:
+    nc = await nats.connect(url)
+    try:
+        await ensure_streams(nc.jetstream(), streams.ALL)
+        tap = Tap()
+        await nc.subscribe(subjects.rollouts(), cb=tap.on_msg)
+        settings = lane_settings(url, policy, work, preemption)
+        async with GeneratorService(settings) as service:
+            lane = await _drive(nc, tap, service, work, preemption)
+            lane.stats = service.statistics() | {"slots": float(work.slots)}
+        return lane
+    finally:
+        await nc.close()
+
+
+async def _drive(
+    nc: NATS, tap: Tap, service: GeneratorService, work: Workload, preemption: bool
+) -> Lane:
+    low = low_tasks(work)
+    # Unmeasured: the engine's first request, and the high tier's consumer made.
+    await _submit_high(nc, high_task(-1, work, low[0]))
+    await tap.wait_for(["high--1"], timeout_s=120)
+    for task in low:
+        await submit(nc, task)
+    await _saturated(service, work.slots)
+    started = time.monotonic()
+    submitted = await _high_stream(nc, work, low[0])
+    await tap.wait_for(list(submitted), timeout_s=120 + 30 * work.high_tasks)
+    lane = Lane(preemption=preemption, wall_s=time.monotonic() - started)
+    for task_id, at in submitted.items():
+        rollout, arrived = tap.arrived[task_id]
+        lane.queued.append(rollout.timings.queued_s)
+        lane.published.append(arrived - at)
+        lane.generating.append(rollout.timings.total_s)
+    _count_low(lane, [r for r, _ in tap.arrived.values() if r.task.tier == LOW_TIER])
+    return lane
+
+
+async def _submit_high(nc: NATS, task: Task) -> float:
+    at = time.monotonic()
+    await submit(nc, msgspec.structs.replace(task, created_at=time.time()))
+    return at
+
+
+async def _saturated(service: GeneratorService, slots: int) -> None:
+    """Wait until low-tier tasks hold every slot, and their trajectories are under way."""
+    async with asyncio.timeout(60):
+        while service.in_flight < slots:  # noqa: ASYNC110 (the service signals no event)
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+
+
+async def _high_stream(nc: NATS, work: Workload, prompt: Task) -> dict[str, float]:
+    """Submit the high-tier tasks at random gaps; their submit times by task id."""
+    rng = random.Random(work.seed)
+    submitted: dict[str, float] = {}
+    for index in range(work.high_tasks):
+        task = high_task(index, work, prompt)
+        submitted[task.id] = await _submit_high(nc, task)
+        await asyncio.sleep(work.interval_s * rng.uniform(0.5, 1.5))
+    return submitted
+
+
+def _count_low(lane: Lane, rollouts: Sequence[Rollout]) -> None:
+    for rollout in rollouts:
+        lane.low_trajectories += 1
+        lane.low_turns += sum(segment.kind == "gen" for segment in rollout.segments)
+        lane.low_generate_s += rollout.timings.generate_s
+        lane.low_tool_s += rollout.timings.tool_s
+        lane.low_total_s += rollout.timings.total_s
+
+
+async def run_bench(policy: Path, work: Workload, repeats: int, with_on: bool) -> list[list[Lane]]:
+    """Per repeat, its lanes in the order they ran (off first on even repeats)."""
+    rounds: list[list[Lane]] = []
+    for repeat in range(repeats):
+        order = [False, True] if repeat % 2 == 0 else [True, False]
+        lanes = []
+        for preemption in order if with_on else [False]:
+            lanes.append(await run_lane(policy, work, preemption))
+            print(f"  repeat {repeat + 1}: preemption {lanes[-1].name} done", flush=True)
+        rounds.append(lanes)
+    return rounds
+
+
+# ---------------------------------------------------------------- report
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.0f} ms"
+
+
+def span(values: Sequence[float], unit: str = "ms") -> str:
+    """``low-high`` over repeats (ms, or a ratio with unit ``x``)."""
+    if not values:
+        return "n/a"
+    if unit == "x":
+        return f"{min(values):.1f}-{max(values):.1f}x"
+    return f"{min(values) * 1000:.0f}-{max(values) * 1000:.0f} ms"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def ratio(off: Lane, on: Lane) -> float:
+    p95_on = percentile(on.queued, 95)
+    return percentile(off.queued, 95) / p95_on if p95_on else 0.0
+
+
+def lane_line(lane: Lane) -> str:
+    preempted = f"{lane.stat('preemptions'):>11.0f}{lane.stat('resumes'):>9.0f}"
+    return (
+        f"    {lane.name:<5}{ms(percentile(lane.queued, 50))}{ms(percentile(lane.queued, 95))}"
+        f"{ms(percentile(lane.published, 50))}{ms(percentile(lane.published, 95))}{preempted}"
+    )
+
+
+def repeat_lines(index: int, lanes: Sequence[Lane]) -> list[str]:
+    lines = [
+        f"  repeat {index + 1} ({lanes[0].name} first)",
+        f"    {'':<5}{'queue p50':>11}{'p95':>11}{'publ. p50':>11}{'p95':>11}"
+        f"{'preempted':>11}{'resumed':>9}",
+    ]
+    lines += [lane_line(lane) for lane in lanes]
+    off, on = by_side(lanes)
+    if off is not None and on is not None:
+        lines.append(f"    p95 queue off/on: {ratio(off, on):.1f}x")
+    return lines
+
+
+def by_side(lanes: Sequence[Lane]) -> tuple[Lane | None, Lane | None]:
+    off = next((lane for lane in lanes if not lane.preemption), None)
+    on = next((lane for lane in lanes if lane.preemption), None)
+    return off, on
+
+
+def side_lines(name: str, lanes: Sequence[Lane]) -> list[str]:
+    """A side's figures over repeats: ranges, and where its time goes (medians)."""
+    if not lanes:
+        return [f"  preemption {name}: not measured"]
+
+    def median(values: Sequence[float]) -> float:
+        return statistics.median(values) if values else 0.0
+
+    rest = [
+        median([p - q - g for p, q, g in zip(x.published, x.queued, x.generating, strict=True)])
+        for x in lanes
+    ]
+    trajectories = sum(x.low_trajectories for x in lanes) or 1
+    queue_p50 = span([percentile(x.queued, 50) for x in lanes])
+    return [
+        f"  preemption {name}: high-tier queue p50 {queue_p50}"
+        f", p95 {span([percentile(x.queued, 95) for x in lanes])}; submit->published p50 "
+        f"{span([percentile(x.published, 50) for x in lanes])}, p95 "
+        f"{span([percentile(x.published, 95) for x in lanes])}",
+        f"    high-tier time (medians): waiting {span([median(x.queued) for x in lanes])}, "
+        f"generating {span([median(x.generating) for x in lanes])}, publishing and "
+        f"transport {span(rest)}",
+        f"    low-tier: {trajectories} trajectories finished, "
+        f"{sum(x.low_turns for x in lanes) / trajectories:.1f} turns each, per trajectory "
+        f"generating {sum(x.low_generate_s for x in lanes) / trajectories:.2f} s, tools "
+        f"{sum(x.low_tool_s for x in lanes) / trajectories:.3f} s, in all "
+        f"{sum(x.low_total_s for x in lanes) / trajectories:.2f} s; slots busy "
+        f"{span([x.occupancy for x in lanes], 'x').replace('x', '')} of lane time",
+    ]
+
+
+def overhead_lines(on: Sequence[Lane]) -> list[str]:
+    preempted = [x for x in on if x.stat("preemptions")]
+    if not preempted:
+        return ["  preemption overhead: no trajectory was preempted"]
+    turns = [x.turn_s for x in preempted]
+    share = [x.overhead_s / x.turn_s for x in preempted if x.turn_s]
+    return [
+        f"  preemption overhead per trajectory (save + restore): "
+        f"{span([x.overhead_s for x in preempted])} vs a plain turn {span(turns)} "
+        f"({span(share, 'x')} of a turn)",
+        f"    save {span([_mean(x, 'preempt_save') for x in preempted])}, restore "
+        f"{span([_mean(x, 'preempt_restore') for x in preempted])} each; preempted "
+        f"{sum(x.stat('preemptions') for x in preempted):.0f}, resumed "
+        f"{sum(x.stat('resumes') for x in preempted):.0f} over {len(preempted)} lanes",
+    ]
+
+
+def _mean(lane: Lane, stage: str) -> float:
+    count = lane.stat(f"count_{stage}")
+    return lane.stat(f"time_{stage}_s") / count if count else 0.0
+
+
+def render(rounds: Sequence[Sequence[Lane]], work: Workload, note: str = "") -> list[str]:
+    """The report; pure, so it is testable without running a generator."""
+    lines = [
+        f"generator: torch engine, tiny tool-calling policy, {work.slots} slots; low tier "
+        f"{LOW_TIER}: {work.max_turns}-turn tool tasks (<= {work.turn_tokens} tokens a turn) "
+        f"saturating them; high tier {HIGH_TIER}: {work.high_tasks} single-turn tasks per lane, "
+        f"about {work.interval_s:g} s apart",
+    ]
+    if note:
+        lines.append(f"  {note}")
+    for index, lanes in enumerate(rounds):
+        lines += repeat_lines(index, lanes)
+    pairs = [by_side(lanes) for lanes in rounds]
+    off = [x for x, _ in pairs if x is not None]
+    on = [y for _, y in pairs if y is not None]
+    lines += ["", f"over {len(rounds)} repeats (ranges):"]
+    lines += side_lines("off", off) + side_lines("on", on)
+    if on:
+        lines += overhead_lines(on)
+        ratios = [ratio(x, y) for x, y in pairs if x is not None and y is not None]
+        middle = statistics.median(ratios)
+        lines.append(
+            f"  high-tier p95 queue off/on: {span(ratios, 'x')} (median {middle:.1f}x; goal >= "
+            f"{GOAL_RATIO:g}x)  {verdict(middle >= GOAL_RATIO)}"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one repeat, few tasks (smoke test)")
+    parser.add_argument("--high-tasks", type=int, default=Workload.high_tasks)
+    parser.add_argument("--interval", type=float, default=Workload.interval_s)
+    parser.add_argument("--max-turns", type=int, default=Workload.max_turns)
+    args = parser.parse_args(argv)
+    # Quiet: service logs would cut the table.
+    logs.configure("bench-scheduling", level="error")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    work = Workload(high_tasks=args.high_tasks, interval_s=args.interval, max_turns=args.max_turns)
+    repeats = args.repeats
+    if args.quick:
+        work, repeats = dataclasses.replace(work, high_tasks=3, low_tasks=16), 1
+    with_on = preemption_available()
+    note = "" if with_on else "preemption on: not in this build (no GeneratorSettings.preemption)"
+    policy = warmed_policy()
+    rounds = run(lambda: run_bench(policy, work, repeats, with_on))
+    print("\n".join(render(rounds, work, note)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""bench/bench_scheduling.py's report and policy recipe, without a generator (its figures
+are printed, never asserted; tests/integration/test_bench_scheduling_smoke.py runs it)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from tests.benches import load_bench
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load_bench("bench_scheduling")
+
+
+def lane(bench: ModuleType, preemption: bool, queue_ms: float, **stats: float) -> object:
+    queued = [queue_ms / 1000 * (1 + i / 10) for i in range(10)]  # p50 1.4x, p95 1.9x
+    return bench.Lane(
+        preemption=preemption,
+        queued=queued,
+        published=[q + 0.1 for q in queued],
+        generating=[0.08] * 10,
+        low_trajectories=4,
+        low_turns=32,
+        low_generate_s=3.2,  # 0.1 s a turn
+        low_total_s=3.6,
+        wall_s=10.0,
+        stats={"slots": 2.0, "time_generate_s": 18.0, **stats},
+    )
+
+
+def test_the_report_has_both_sides_the_ratio_and_the_overhead(bench: ModuleType) -> None:
+    on_stats = {
+        "preemptions": 4.0,
+        "resumes": 4.0,
+        "time_preempt_save_s": 0.02,
+        "count_preempt_save": 4.0,
+        "time_preempt_restore_s": 0.06,
+        "count_preempt_restore": 4.0,
+    }
+    rounds = [
+        [lane(bench, False, 500), lane(bench, True, 50, **on_stats)],
+        [lane(bench, True, 100, **on_stats), lane(bench, False, 400)],
+    ]
+    text = "\n".join(bench.render(rounds, bench.Workload()))
+    assert "repeat 1 (off first)" in text and "repeat 2 (on first)" in text
+    assert "p95 queue off/on: 10.0x" in text and "p95 queue off/on: 4.0x" in text
+    assert "high-tier p95 queue off/on: 4.0-10.0x (median 7.0x; goal >= 5x)  PASS" in text
+    assert "preemption off: high-tier queue p50 560-700 ms" in text
+    assert "preemption on: high-tier queue p50 70-140 ms" in text
+    # (0.02 + 0.06) / 4 preempted = 20 ms, against 100 ms turns.
+    assert "(save + restore): 20-20 ms vs a plain turn 100-100 ms (0.2-0.2x of a turn)" in text
+    assert "save 5-5 ms, restore 15-15 ms each; preempted 8, resumed 8 over 2 lanes" in text
+    assert "8.0 turns each" in text and "slots busy 0.9-0.9 of lane time" in text
+
+
+def test_a_build_without_preemption_reports_the_off_side_alone(bench: ModuleType) -> None:
+    note = "preemption on: not in this build"
+    text = "\n".join(bench.render([[lane(bench, False, 500)]], bench.Workload(), note))
+    assert note in text
+    assert "preemption off: high-tier queue p50 700-700 ms" in text
+    assert "preemption on: not measured" in text
+    assert "off/on" not in text
+
+
+def test_the_warm_up_teaches_calling_again_after_each_output(bench: ModuleType) -> None:
+    examples = bench.tool_domain().examples(40, seed=1)
+    depths = {sum(m.role == "tool" for m in e.task.prompt) for e in examples}
+    assert min(depths) == 0 and max(depths) <= 7 and len(depths) > 3
+    for example in examples:
+        assert example.reference.startswith("<tool_call>") and "<answer>" not in example.reference
+        calls = [m.content for m in example.task.prompt if m.role == "assistant"]
+        assert all(call == example.reference for call in calls)
