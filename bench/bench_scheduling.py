@@ -11,7 +11,8 @@ arguments back, and the policy calls again).  Eight turns by default, so that a 
 holds its slot for several turns, the case preemption is for.  The warmed policy is
 cached under ``$TEMPER_CACHE`` (default /var/cache/temper) by a hash of its recipe.
 
-A lane submits a stream of low-tier tasks that saturates both slots, then high-tier
+A lane keeps two low-tier tasks waiting besides those in both slots (so that a
+preempted task, re-queued behind them, resumes within the lane), and submits high-tier
 (tier 0) single-turn tasks at random intervals, each stamped ``created_at`` at submit:
 
 - queue: ``Rollout.timings.queued_s``, generation start minus ``created_at`` (waiting
@@ -23,7 +24,8 @@ A lane submits a stream of low-tier tasks that saturates both slots, then high-t
 Each repeat runs both lanes, alternating which goes first; ranges are over repeats.
 Preemption overhead per trajectory is the generator's save plus restore stage time
 per preempted trajectory, set against a plain turn (engine time per generated turn of
-the same lane's low-tier trajectories).
+the same lane's low-tier trajectories).  With local tools there is no sandbox session to
+snapshot: it is the bookkeeping alone, without a sandbox snapshot's save and restore.
 
 Goal (issue 14): >= 5x lower high-tier p95 queue with preemption on.  Figures are
 printed, never asserted.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -43,7 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,17 +79,21 @@ HIGH_DOMAIN, LOW_DOMAIN = "urgent", "tool_use"
 WARMUP = WarmupConfig(steps=80, lr=3e-3, examples=512)
 RECIPE = "tool_use modpow, calls again after each output, v1"
 ROLLOUTS: Codec[Rollout] = Codec(Rollout)
+#: After the high-tier stream, how long preempted trajectories get to resume and finish.
+RESUME_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     slots: int = 2
     #: High-tier tasks measured per lane (after one unmeasured warm-up task).
-    high_tasks: int = 12
+    high_tasks: int = 20
     #: Mean gap between high-tier arrivals; each gap is drawn from 0.5x..1.5x of it.
-    interval_s: float = 1.0
-    #: Low-tier tasks in the stream: more than the slots can finish while the lane runs.
-    low_tasks: int = 48
+    interval_s: float = 0.7
+    #: Low-tier tasks available to a lane (more than its slots can finish).
+    low_tasks: int = 200
+    #: Low-tier tasks kept waiting in their stream besides those in the slots.
+    backlog: int = 2
     max_turns: int = 8
     turn_tokens: int = 96
     high_tokens: int = 16
@@ -106,8 +113,9 @@ class Lane:
     low_turns: int = 0
     low_generate_s: float = 0.0
     low_tool_s: float = 0.0
-    low_total_s: float = 0.0
     wall_s: float = 0.0
+    #: Mean share of the slots in use while the high-tier tasks came (sampled).
+    busy: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -128,12 +136,6 @@ class Lane:
         spent = self.stat("time_preempt_save_s") + self.stat("time_preempt_restore_s")
         preempted = self.stat("preemptions")
         return spent / preempted if preempted else 0.0
-
-    @property
-    def occupancy(self) -> float:
-        """Share of slot time spent generating tasks (of slots x lane wall time)."""
-        slots = self.stat("slots") or 1.0
-        return self.stat("time_generate_s") / (slots * self.wall_s) if self.wall_s else 0.0
 
 
 # ---------------------------------------------------------------- policy
@@ -309,7 +311,7 @@ async def _lane_on(url: str, policy: Path, work: Workload, preemption: bool) -> 
         settings = lane_settings(url, policy, work, preemption)
         async with GeneratorService(settings) as service:
             lane = await _drive(nc, tap, service, work, preemption)
-            lane.stats = service.statistics() | {"slots": float(work.slots)}
+            lane.stats = service.statistics()
         return lane
     finally:
         await nc.close()
@@ -322,13 +324,19 @@ async def _drive(
     # Unmeasured: the engine's first request, and the high tier's consumer made.
     await _submit_high(nc, high_task(-1, work, low[0]))
     await tap.wait_for(["high--1"], timeout_s=120)
-    for task in low:
-        await submit(nc, task)
-    await _saturated(service, work.slots)
-    started = time.monotonic()
-    submitted = await _high_stream(nc, work, low[0])
-    await tap.wait_for(list(submitted), timeout_s=120 + 30 * work.high_tasks)
-    lane = Lane(preemption=preemption, wall_s=time.monotonic() - started)
+    busy: list[int] = []
+    feeder = asyncio.create_task(_feed(nc, iter(low), work, service, busy))
+    try:
+        await _saturated(service, work.slots)
+        busy.clear()
+        started = time.monotonic()
+        submitted = await _high_stream(nc, work, low[0])
+        await tap.wait_for(list(submitted), timeout_s=120 + 30 * work.high_tasks)
+        wall_s, in_flight = time.monotonic() - started, statistics.mean(busy)
+        await _resumed(service, RESUME_WAIT_S)
+    finally:
+        feeder.cancel()
+    lane = Lane(preemption=preemption, wall_s=wall_s, busy=in_flight / work.slots)
     for task_id, at in submitted.items():
         rollout, arrived = tap.arrived[task_id]
         lane.queued.append(rollout.timings.queued_s)
@@ -336,6 +344,38 @@ async def _drive(
         lane.generating.append(rollout.timings.total_s)
     _count_low(lane, [r for r, _ in tap.arrived.values() if r.task.tier == LOW_TIER])
     return lane
+
+
+async def _feed(
+    nc: NATS, tasks: Iterator[Task], work: Workload, service: GeneratorService, busy: list[int]
+) -> None:
+    """Keep ``backlog`` low-tier tasks waiting besides those in the slots: enough that a
+    freed slot always finds one, few enough that a preempted task, re-queued behind them,
+    is resumed within the lane (so its restore is measured).  Samples the slots in use
+    into ``busy`` as it goes."""
+    js = nc.jetstream()
+    stream = streams.TASK_STREAMS[LOW_TIER].name
+    while True:
+        held = (await js.stream_info(stream)).state.messages  # waiting and in flight
+        for _ in range(work.slots + work.backlog - held):
+            task = next(tasks, None)
+            if task is None:
+                raise RuntimeError(f"the lane used all {work.low_tasks} low-tier tasks")
+            await submit(nc, task)
+        busy.append(service.in_flight)
+        await asyncio.sleep(0.1)
+
+
+async def _resumed(service: GeneratorService, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until every preempted trajectory has been resumed and
+    finished; the report shows any that were not."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while True:
+                stats = service.statistics()
+                if stats.get("resumes", 0.0) >= stats.get("preemptions", 0.0):
+                    return
+                await asyncio.sleep(0.1)
 
 
 async def _submit_high(nc: NATS, task: Task) -> float:
@@ -369,7 +409,6 @@ def _count_low(lane: Lane, rollouts: Sequence[Rollout]) -> None:
         lane.low_turns += sum(segment.kind == "gen" for segment in rollout.segments)
         lane.low_generate_s += rollout.timings.generate_s
         lane.low_tool_s += rollout.timings.tool_s
-        lane.low_total_s += rollout.timings.total_s
 
 
 async def run_bench(policy: Path, work: Workload, repeats: int, with_on: bool) -> list[list[Lane]]:
@@ -392,13 +431,15 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:8.0f} ms"
 
 
-def span(values: Sequence[float], unit: str = "ms") -> str:
-    """``low-high`` over repeats (ms, or a ratio with unit ``x``)."""
+def span(values: Sequence[float], unit: str = "ms", digits: int = 0) -> str:
+    """``low-high`` over repeats: seconds in ms, or a ratio (unit ``x``, or ``%``)."""
     if not values:
         return "n/a"
     if unit == "x":
         return f"{min(values):.1f}-{max(values):.1f}x"
-    return f"{min(values) * 1000:.0f}-{max(values) * 1000:.0f} ms"
+    if unit == "%":
+        return f"{100 * min(values):.1f}-{100 * max(values):.1f}%"
+    return f"{min(values) * 1000:.{digits}f}-{max(values) * 1000:.{digits}f} ms"
 
 
 def verdict(ok: bool) -> str:
@@ -462,9 +503,8 @@ def side_lines(name: str, lanes: Sequence[Lane]) -> list[str]:
         f"    low-tier: {trajectories} trajectories finished, "
         f"{sum(x.low_turns for x in lanes) / trajectories:.1f} turns each, per trajectory "
         f"generating {sum(x.low_generate_s for x in lanes) / trajectories:.2f} s, tools "
-        f"{sum(x.low_tool_s for x in lanes) / trajectories:.3f} s, in all "
-        f"{sum(x.low_total_s for x in lanes) / trajectories:.2f} s; slots busy "
-        f"{span([x.occupancy for x in lanes], 'x').replace('x', '')} of lane time",
+        f"{sum(x.low_tool_s for x in lanes) / trajectories:.3f} s; slots in use "
+        f"{span([x.busy for x in lanes], '%')} of the time",
     ]
 
 
@@ -474,14 +514,15 @@ def overhead_lines(on: Sequence[Lane]) -> list[str]:
         return ["  preemption overhead: no trajectory was preempted"]
     turns = [x.turn_s for x in preempted]
     share = [x.overhead_s / x.turn_s for x in preempted if x.turn_s]
+    suspended = sum(x.stat("preemptions") for x in preempted)
+    resumed = sum(x.stat("resumes") for x in preempted)
     return [
         f"  preemption overhead per trajectory (save + restore): "
-        f"{span([x.overhead_s for x in preempted])} vs a plain turn {span(turns)} "
-        f"({span(share, 'x')} of a turn)",
-        f"    save {span([_mean(x, 'preempt_save') for x in preempted])}, restore "
-        f"{span([_mean(x, 'preempt_restore') for x in preempted])} each; preempted "
-        f"{sum(x.stat('preemptions') for x in preempted):.0f}, resumed "
-        f"{sum(x.stat('resumes') for x in preempted):.0f} over {len(preempted)} lanes",
+        f"{span([x.overhead_s for x in preempted], digits=2)} vs a plain turn {span(turns)} "
+        f"({span(share, '%')} of a turn)",
+        f"    save {span([_mean(x, 'preempt_save') for x in preempted], digits=2)}, restore "
+        f"{span([_mean(x, 'preempt_restore') for x in preempted], digits=2)} each; preempted "
+        f"{suspended:.0f}, resumed {resumed:.0f} over {len(preempted)} lanes",
     ]
 
 
@@ -496,7 +537,8 @@ def render(rounds: Sequence[Sequence[Lane]], work: Workload, note: str = "") -> 
         f"generator: torch engine, tiny tool-calling policy, {work.slots} slots; low tier "
         f"{LOW_TIER}: {work.max_turns}-turn tool tasks (<= {work.turn_tokens} tokens a turn) "
         f"saturating them; high tier {HIGH_TIER}: {work.high_tasks} single-turn tasks per lane, "
-        f"about {work.interval_s:g} s apart",
+        f"about {work.interval_s:g} s apart; local tools, so a save or restore has no sandbox "
+        "session to snapshot",
     ]
     if note:
         lines.append(f"  {note}")
@@ -534,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Workload(high_tasks=args.high_tasks, interval_s=args.interval, max_turns=args.max_turns)
     repeats = args.repeats
     if args.quick:
-        work, repeats = dataclasses.replace(work, high_tasks=3, low_tasks=16), 1
+        work, repeats = dataclasses.replace(work, high_tasks=3), 1
     with_on = preemption_available()
     note = "" if with_on else "preemption on: not in this build (no GeneratorSettings.preemption)"
     policy = warmed_policy()

@@ -21,9 +21,9 @@ def test_a_quick_run_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> 
     assert "repeat 1 (" in out and "over 1 repeats (ranges):" in out
     assert "preemption off: high-tier queue p50 " in out and "submit->published p50" in out
     assert "high-tier time (medians): waiting" in out
-    # The low-tier tasks ran several turns each: the warmed policy calls its tool again.
+    # The warmed policy calls its tool: a trajectory that does has two turns at least.
     turns = float(out.split(" turns each", 1)[0].rsplit(" ", 1)[1])
-    assert turns > 2.0, out
+    assert turns >= 2.0, out
     if bench.preemption_available():
         assert "preemption on: high-tier queue p50 " in out
         assert "high-tier p95 queue off/on: " in out

@@ -25,9 +25,9 @@ def lane(bench: ModuleType, preemption: bool, queue_ms: float, **stats: float) -
         low_trajectories=4,
         low_turns=32,
         low_generate_s=3.2,  # 0.1 s a turn
-        low_total_s=3.6,
         wall_s=10.0,
-        stats={"slots": 2.0, "time_generate_s": 18.0, **stats},
+        busy=0.95,
+        stats=stats,
     )
 
 
@@ -51,9 +51,11 @@ def test_the_report_has_both_sides_the_ratio_and_the_overhead(bench: ModuleType)
     assert "preemption off: high-tier queue p50 560-700 ms" in text
     assert "preemption on: high-tier queue p50 70-140 ms" in text
     # (0.02 + 0.06) / 4 preempted = 20 ms, against 100 ms turns.
-    assert "(save + restore): 20-20 ms vs a plain turn 100-100 ms (0.2-0.2x of a turn)" in text
-    assert "save 5-5 ms, restore 15-15 ms each; preempted 8, resumed 8 over 2 lanes" in text
-    assert "8.0 turns each" in text and "slots busy 0.9-0.9 of lane time" in text
+    assert "(save + restore): 20.00-20.00 ms vs a plain turn 100-100 ms (20.0-20.0% of a turn)" in (
+        text
+    )
+    assert "save 5.00-5.00 ms, restore 15.00-15.00 ms each; preempted 8, resumed 8" in text
+    assert "8.0 turns each" in text and "slots in use 95.0-95.0% of the time" in text
 
 
 def test_a_build_without_preemption_reports_the_off_side_alone(bench: ModuleType) -> None:
