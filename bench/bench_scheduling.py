@@ -22,6 +22,8 @@ preempted task, re-queued behind them, resumes within the lane), and submits hig
   publishing).
 
 Each repeat runs both lanes, alternating which goes first; ranges are over repeats.
+Each lane's line shows the machine's load average at its end: where other work shares
+the cores every turn is longer, and both waits with it.
 Preemption overhead per trajectory is the generator's save plus restore stage time
 per preempted trajectory, set against a plain turn (engine time per generated turn of
 the same lane's low-tier trajectories).  With local tools there is no sandbox session to
@@ -116,6 +118,8 @@ class Lane:
     wall_s: float = 0.0
     #: Mean share of the slots in use while the high-tier tasks came (sampled).
     busy: float = 0.0
+    #: The machine's 1-minute load average at the end (others' work slows every turn).
+    load: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -336,7 +340,12 @@ async def _drive(
         await _resumed(service, RESUME_WAIT_S)
     finally:
         feeder.cancel()
-    lane = Lane(preemption=preemption, wall_s=wall_s, busy=in_flight / work.slots)
+    lane = Lane(
+        preemption=preemption,
+        wall_s=wall_s,
+        busy=in_flight / work.slots,
+        load=os.getloadavg()[0],
+    )
     for task_id, at in submitted.items():
         rollout, arrived = tap.arrived[task_id]
         lane.queued.append(rollout.timings.queued_s)
@@ -452,7 +461,7 @@ def ratio(off: Lane, on: Lane) -> float:
 
 
 def lane_line(lane: Lane) -> str:
-    preempted = f"{lane.stat('preemptions'):>11.0f}{lane.stat('resumes'):>9.0f}"
+    preempted = f"{lane.stat('preemptions'):>11.0f}{lane.stat('resumes'):>9.0f}{lane.load:>6.1f}"
     return (
         f"    {lane.name:<5}{ms(percentile(lane.queued, 50))}{ms(percentile(lane.queued, 95))}"
         f"{ms(percentile(lane.published, 50))}{ms(percentile(lane.published, 95))}{preempted}"
@@ -463,7 +472,7 @@ def repeat_lines(index: int, lanes: Sequence[Lane]) -> list[str]:
     lines = [
         f"  repeat {index + 1} ({lanes[0].name} first)",
         f"    {'':<5}{'queue p50':>11}{'p95':>11}{'publ. p50':>11}{'p95':>11}"
-        f"{'preempted':>11}{'resumed':>9}",
+        f"{'preempted':>11}{'resumed':>9}{'load':>6}",
     ]
     lines += [lane_line(lane) for lane in lanes]
     off, on = by_side(lanes)
@@ -567,13 +576,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--high-tasks", type=int, default=Workload.high_tasks)
     parser.add_argument("--interval", type=float, default=Workload.interval_s)
     parser.add_argument("--max-turns", type=int, default=Workload.max_turns)
+    parser.add_argument("--turn-tokens", type=int, default=Workload.turn_tokens)
     args = parser.parse_args(argv)
     # Quiet: service logs would cut the table.
     logs.configure("bench-scheduling", level="error")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    work = Workload(high_tasks=args.high_tasks, interval_s=args.interval, max_turns=args.max_turns)
+    work = Workload(
+        high_tasks=args.high_tasks,
+        interval_s=args.interval,
+        max_turns=args.max_turns,
+        turn_tokens=args.turn_tokens,
+    )
     repeats = args.repeats
     if args.quick:
         work, repeats = dataclasses.replace(work, high_tasks=3), 1
