@@ -7,7 +7,8 @@ itself.  For each such task not yet covered by a yield already asked for, the ru
 preemptible task of the lowest priority (the latest started of the lowest tier) is asked
 to yield: each of its samples stops at its next turn boundary, its state is saved into a
 re-queued task (services.generator.agent, ``Task.resume``), and its slot goes to the
-highest tier that has work (services.runtime.priority).
+highest tier that has work: the gate is told that tier has work waiting, so the slot
+is not taken by a lower tier first (services.runtime.priority).
 
 With several generator instances a task in flight on another instance counts as waiting
 here: the cost of such a preemption is a save and a resume, never work.
@@ -82,7 +83,10 @@ class Preemption:
         asked = sum(r.yield_asked for r in self._running.values())
         for tier in range(max(r.tier for r in victims)):
             here = sum(r.tier == tier for r in self._running.values())
-            waiting = await self._depth(tier) - here - asked
+            waiting = await self._depth(tier) - here
+            if waiting > 0:
+                self._gate.work_waiting(tier)  # the slot freed is this tier's
+            waiting -= asked
             below = [r for r in victims if r.tier > tier and not r.yield_asked]
             for running in below[: max(waiting, 0)]:
                 running.yield_asked = True

@@ -68,7 +68,7 @@ class GeneratorSettings:
     #: work waiting, a running lower-tier multi-turn task yields at its next turn
     #: boundary and is re-queued with its state (checked every ``preempt_check_s``).
     preemption: bool = True
-    preempt_check_s: float = 0.2
+    preempt_check_s: float = 0.05
     #: Retries of failed samples for tasks whose domain the registry does not know (or
     #: with ``check_domains`` off); a known domain's come from its ``retry`` config.
     retry_max_attempts: int = 3

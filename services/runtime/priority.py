@@ -95,6 +95,15 @@ class PriorityGate:
         self._in_flight -= 1
         self._notify()
 
+    def work_waiting(self, tier: int) -> None:
+        """``tier`` is known to have work waiting (its stream said so): it counts as busy,
+        so the next free slot is its to fetch, not a lower tier's, even where its last
+        fetch came back empty.  The fetch's result decides again."""
+        if not self._busy[tier] or self._yielded[tier]:
+            self._busy[tier] = True
+            self._yielded[tier] = False
+            self._notify()
+
     def close(self) -> None:
         """Stop admitting: every waiting and later :meth:`admit` returns zero slots."""
         self._closed = True

@@ -107,6 +107,30 @@ async def test_close_releases_waiters() -> None:
     assert admission.slots == 0
 
 
+async def test_a_tier_said_to_have_work_gets_the_next_free_slot() -> None:
+    gate = PriorityGate(4, 1)
+    gate.fetched(3, 1)  # tier 3 holds the one slot
+    for tier in (0, 1, 2):
+        gate.fetched(tier, 0)  # looked and found nothing: they yield their turns
+    gate.work_waiting(0)  # then tier 0's stream holds a task
+    turns: list[int] = []
+
+    async def wait_turn(tier: int) -> None:
+        await gate.admit(tier, 1, 0.05)
+        turns.append(tier)
+
+    low = asyncio.create_task(wait_turn(3))
+    high = asyncio.create_task(wait_turn(0))
+    await asyncio.sleep(0.01)
+    gate.finished()  # the slot frees (a yield)
+    await asyncio.sleep(0.01)
+    assert turns == [0], "tier 0's, not the lower tier's"
+    gate.fetched(0, 1)
+    assert not low.done()
+    await asyncio.wait_for(high, 1)
+    low.cancel()
+
+
 def test_gate_needs_a_tier_and_a_slot() -> None:
     with pytest.raises(ValueError, match="at least one"):
         PriorityGate(0, 1)
