@@ -71,7 +71,13 @@ class Preemption:
     async def run(self) -> None:
         while self.on:
             await asyncio.sleep(self._check_s)
-            await self.check()
+            if self.on:
+                await self.check()
+
+    def stop(self) -> None:
+        """No more checks: the loop ends by itself, even where a cancellation of it was
+        lost (a JetStream request can swallow one as it completes)."""
+        self.on = False
 
     async def check(self) -> None:
         stats = self._gate.statistics()

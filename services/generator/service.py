@@ -177,6 +177,7 @@ class GeneratorService(Service):
     async def intake_stopped(self) -> None:
         # Tasks parked at admission wait for a learner step that may never come now (the
         # learner stops first): hand them back at once rather than after the whole grace.
+        self.preemption.stop()
         await self.intake_ended(self.runtime.grace_s)
         self.admission.close()
         self.sandbox_room.close()

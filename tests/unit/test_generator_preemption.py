@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -170,3 +171,11 @@ async def test_a_failed_sample_is_retried_from_its_last_checkpoint(tiny_model: P
     assert rollout.id == "t/0@1" and rollout.status is RolloutStatus.OK
     assert [c.output for c in rollout.tool_calls] == ["ran 1", "ran 1", "ran 2"]
     assert len(engine.requests) == 4, "turns 1 and 2 were not generated again"
+
+
+async def test_stop_ends_the_check_loop_without_a_cancellation() -> None:
+    preemption = Preemption(full_gate(1), depths({}), check_s=0.01, on=True)
+    loop = asyncio.create_task(preemption.run())
+    await asyncio.sleep(0.03)
+    preemption.stop()
+    await asyncio.wait_for(loop, 1.0)  # a lost cancel must not keep a service from stopping
