@@ -9,13 +9,15 @@ count.
 from __future__ import annotations
 
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import nats.errors
 from nats.js import api
 
 from protocol import streams, subjects
+from protocol.client import TemperClient
 from protocol.codec import Codec
 from protocol.messages import (
     Heartbeat,
@@ -49,6 +51,8 @@ class ControlSettings:
     forget_after_s: float = 60.0
     #: An instance behind the newest announced policy version for longer than this lags.
     lagging_after_s: float = 60.0
+    #: How long the roll call at start (and after a reconnect) collects answers.
+    roll_call_s: float = 1.0
 
 
 @dataclass(slots=True)
@@ -147,8 +151,26 @@ class ControlService(Service):
         self.respond(subjects.status(), Codec(StatusRequest), self._on_status)
         await self._catch_up_policy()
 
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._roll_call()]
+
     async def reconnected(self) -> None:
         await self._catch_up_policy()  # an update announced while away dates the lag
+        await self._roll_call()
+
+    async def _roll_call(self) -> None:
+        """Ask every instance for a heartbeat: those that started before this one would
+        otherwise be missing from the listing until their next periodic one."""
+        client = TemperClient(self.bus.nc)  # borrowed for one call, never closed here
+        try:
+            beats = await client.ping(timeout_s=self.settings.roll_call_s)
+        except nats.errors.Error as error:  # the periodic heartbeats still arrive
+            self.log.warning("roll_call_failed", error=repr(error))
+            return
+        now = time.monotonic()
+        for beat in beats:
+            self.roster.heard(beat, now)
+        self.log.info("roll_call", answered=len(beats))
 
     async def _catch_up_policy(self) -> None:
         update = await last_policy_update(self.bus.js, self.log)

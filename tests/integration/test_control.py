@@ -299,3 +299,17 @@ def _lags(status: StackStatus, instance: str) -> bool:
 def _healthy(status: StackStatus, service: str, instance: str) -> bool:
     found = find(status, service, instance)
     return found is not None and found.healthy
+
+
+async def test_instances_started_before_control_are_listed_at_once(
+    nats_url: str, temper: TemperClient
+) -> None:
+    # A heartbeat every minute: only the roll call can make the instance known in time.
+    async with asyncio.timeout(15), TaskService(runtime(nats_url, heartbeat_s=60.0)):
+        await asyncio.sleep(0.3)  # its first heartbeat is out, with nobody listening
+        async with control(nats_url):
+            status = await status_until(
+                temper, lambda s: find(s, SERVICE_NAME, "a") is not None, timeout_s=3.0
+            )
+    other = find(status, SERVICE_NAME, "a")
+    assert other is not None and other.healthy
