@@ -4,12 +4,14 @@ preemption at a turn boundary on vs off, in one run.
 Each lane is a fresh nats-server and an in-process generator service (torch engine,
 ``max_concurrent_tasks`` 2, in-process ``local`` tools) serving the tiny policy after a
 short supervised warm-up on the built-in ``tool_use`` domain's modpow puzzles, whose
-prompts hold up to seven earlier turns of the same tool call and its output, with the
-call as the reference: it then answers every turn with a ``<tool_call>`` block, so each
-low-tier (tier 3) task runs all its ``max_turns`` turns (the local tools echo a call's
-arguments back, and the policy calls again).  Eight turns by default, so that a task
-holds its slot for several turns, the case preemption is for.  The warmed policy is
-cached under ``$TEMPER_CACHE`` (default /var/cache/temper) by a hash of its recipe.
+prompts hold up to ``max_turns - 1`` (at least seven) earlier turns of the same tool
+call and its output, with the call as the reference: it then answers most turns with a
+``<tool_call>`` block, so a low-tier (tier 3) task runs many of its ``max_turns`` turns
+(the local tools echo a call's arguments back, and the policy calls again).  24 turns by
+default, an agentic trajectory that holds its slot for many turns, the case preemption
+is for; the wait without it grows with the trajectory, the wait with it is about one
+turn.  The warmed policy is cached under ``$TEMPER_CACHE`` (default /var/cache/temper)
+by a hash of its recipe.
 
 A lane keeps two low-tier tasks waiting besides those in both slots (so that a
 preempted task, re-queued behind them, resumes within the lane), and submits high-tier
@@ -78,6 +80,8 @@ HIGH_DOMAIN, LOW_DOMAIN = "urgent", "tool_use"
 #: The warm-up of the cached policy; a change of it (or of the recipe) makes a new one.
 WARMUP = WarmupConfig(steps=80, lr=3e-3, examples=512)
 RECIPE = "tool_use modpow, calls again after each output, v1"
+#: The depth of the first recipe: its policy keeps its cache key (no depth in the hash).
+FIRST_DEPTH = 7
 ROLLOUTS: Codec[Rollout] = Codec(Rollout)
 #: After the high-tier stream, how long preempted trajectories get to resume and finish.
 RESUME_WAIT_S = 30.0
@@ -94,7 +98,7 @@ class ToolLoop(Domain):
     runs all its turns instead of answering (or, never having seen a long conversation,
     babbling to its token limit)."""
 
-    depth: int = 7
+    depth: int = FIRST_DEPTH
 
     def examples(self, n: int, split: Split = "train", seed: int = 0) -> list[Example]:
         rng = random.Random(seed)
@@ -121,10 +125,16 @@ def modpow() -> Domain:
     return tool_use.domain(LOW_DOMAIN, {"task": "modpow"})
 
 
-def tool_domain() -> ToolLoop:
+def tool_domain(depth: int = FIRST_DEPTH) -> ToolLoop:
     base = modpow()
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    return ToolLoop(**fields)
+    return ToolLoop(**fields, depth=depth)
+
+
+def depth_for(max_turns: int) -> int:
+    """Earlier turns a warm-up prompt holds: enough that the policy calls again up to
+    ``max_turns``, since past the longest conversation it saw it soon stops calling."""
+    return max(FIRST_DEPTH, max_turns - 1)
 
 
 def cache_root() -> Path:
@@ -132,9 +142,13 @@ def cache_root() -> Path:
     return root if os.access(root, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def warmed_policy() -> Path:
-    """The tool-calling tiny policy, built once per recipe (about a minute on 2 cores)."""
-    recipe = json.dumps([RECIPE, repr(TinyModelSpec()), repr(WARMUP)]).encode()
+def warmed_policy(depth: int = FIRST_DEPTH) -> Path:
+    """The tool-calling tiny policy, built once per recipe: about a minute on 2 cores at
+    the first depth, several at depth 23 (longer conversations)."""
+    parts: list[object] = [RECIPE, repr(TinyModelSpec()), repr(WARMUP)]
+    if depth != FIRST_DEPTH:
+        parts.append(depth)
+    recipe = json.dumps(parts).encode()
     path = cache_root() / f"bench-scheduling-policy-{hashlib.sha256(recipe).hexdigest()[:16]}"
     if (path / "config.json").exists():
         return path
@@ -145,7 +159,7 @@ def warmed_policy() -> Path:
     building = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
     try:
         init_model(building / "policy", force=True)
-        supervised_warmup(building / "policy", tool_domain(), WARMUP)
+        supervised_warmup(building / "policy", tool_domain(depth), WARMUP)
         # A rename is atomic: a run killed half-way leaves no half-built policy behind.
         (building / "policy").rename(path)
     finally:
@@ -380,7 +394,9 @@ async def run_bench(policy: Path, work: Workload, repeats: int, with_on: bool) -
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="one repeat, few tasks (smoke test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one repeat, few tasks of 8 turns at most (smoke test)"
+    )
     parser.add_argument("--high-tasks", type=int, default=Workload.high_tasks)
     parser.add_argument("--interval", type=float, default=Workload.interval_s)
     parser.add_argument("--max-turns", type=int, default=Workload.max_turns)
@@ -399,10 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     repeats = args.repeats
     if args.quick:
-        work, repeats = dataclasses.replace(work, high_tasks=3), 1
+        work = dataclasses.replace(work, high_tasks=3, max_turns=min(work.max_turns, 8))
+        repeats = 1
     with_on = preemption_available()
     note = "" if with_on else "preemption on: not in this build (no GeneratorSettings.preemption)"
-    policy = warmed_policy()
+    policy = warmed_policy(depth_for(work.max_turns))
     rounds = run(lambda: run_bench(policy, work, repeats, with_on))
     print("\n".join(render(rounds, work, note)))
     return 0

@@ -25,7 +25,7 @@ class Workload:
     low_tasks: int = 200
     #: Low-tier tasks kept waiting in their stream besides those in the slots.
     backlog: int = 2
-    max_turns: int = 8
+    max_turns: int = 24
     turn_tokens: int = 96
     high_tokens: int = 16
     seed: int = 0

@@ -231,6 +231,8 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         "TEMPER_LEARNER_LR": str(plan.lr),
         "TEMPER_LEARNER_LR_DECAY_STEPS": str(plan.lr_decay_steps),
         "TEMPER_LEARNER_MAX_STALENESS": str(plan.max_staleness),
+        # The learner stops at --max-steps itself: the final evaluation then sees that version.
+        "TEMPER_LEARNER_MAX_STEPS": str(plan.max_steps),
         # A checkpoint of the tiny policy takes ~15 ms: every other batch keeps the leased
         # (trained, not yet committed) rollouts well inside the replay buffer's capacity.
         "TEMPER_LEARNER_CHECKPOINT_EVERY": "2",

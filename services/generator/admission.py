@@ -45,6 +45,12 @@ class StalenessAdmission:
             await changed.wait()
         self.started += samples
 
+    def release(self, samples: int) -> None:
+        """Admitted samples that did not start after all (handed back before generating)."""
+        if samples:
+            self.started -= samples
+            self._wake()
+
     def close(self) -> None:
         """The service is stopping: the learner step a waiter needs may never come, so
         waiting out the stop's grace would only delay the hand-back."""

@@ -319,6 +319,8 @@ class Outcome:
     restore_s: float = 0.0
     #: Failed samples' last turn boundaries (run with ``checkpoints``), to retry from.
     checkpoints: dict[int, SavedTrajectory] = field(default_factory=dict)
+    #: Asked to yield while parked at admission: nothing ran, the task goes back whole.
+    handed_back: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,6 +59,8 @@ class Outcomes:
         self.exhausted = 0
         #: Samples suspended by a preemption.
         self.preempted = 0
+        #: Tasks handed back while parked at admission (preempted before they started).
+        self.handed_back = 0
 
     def connect(self, bus: Bus, dead_letters: DeadLetters, policies: RetryPolicies) -> None:
         self._wiring = _Wiring(bus, dead_letters, policies)
@@ -81,6 +83,10 @@ class Outcomes:
         policy = wiring.policies.of(task.domain)
         plan = retries.plan(task, outcome.rollouts, policy, time.time(), outcome.checkpoints)
         trace_id = delivery.trace_id or None
+        if outcome.handed_back:
+            await self._again(retries.handed_back(task), delivery)
+            self.handed_back += 1
+            return
         if outcome.suspended:
             await self._requeue(task, outcome.suspended, delivery)
         with self._stages.stage("publish"):
@@ -128,6 +134,7 @@ class Outcomes:
     def statistics(self) -> dict[str, float]:
         values = {f"rollouts_{s.value}": float(self.rollouts[s.value]) for s in RolloutStatus}
         values["preemptions"] = float(self.preempted)
+        values["preemptions_parked"] = float(self.handed_back)
         values["samples_retried"] = float(self.retried)
         values["samples_retries_exhausted"] = float(self.exhausted)
         return values

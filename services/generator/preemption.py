@@ -10,6 +10,11 @@ re-queued task (services.generator.agent, ``Task.resume``), and its slot goes to
 highest tier that has work: the gate is told that tier has work waiting, so the slot
 is not taken by a lower tier first (services.runtime.priority).
 
+A task parked at admission (waiting for the learner to catch up, or for sandbox room)
+yields too, whatever its kind, and before any running one: it has started nothing, so
+it goes back to its stream as it came (``Task.preemptions`` counted), and a held-out
+evaluation is never stuck behind training tasks waiting for a learner that has stopped.
+
 With several generator instances a task in flight on another instance counts as waiting
 here: the cost of such a preemption is a save and a resume, never work.
 """
@@ -18,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
 
 from protocol.messages import Task
 from services.runtime.priority import PriorityGate
@@ -36,13 +42,44 @@ class Running:
     order: int
     preemptible: bool
     yield_asked: bool = False
+    #: Waiting at an admission gate (staleness, sandbox room): nothing started yet.
+    parked: bool = False
+    _asked: asyncio.Event = field(default_factory=asyncio.Event)
 
     def should_yield(self) -> bool:
         return self.yield_asked
 
+    def ask(self) -> None:
+        self.yield_asked = True
+        self._asked.set()
+
+    async def unless_asked(self, admission: Coroutine[Any, Any, None]) -> bool:
+        """Wait at an admission gate; False if asked to yield first.  A task parked there
+        has started nothing, so it goes back to its stream as it came, and its slot to
+        higher-tier work (a held-out evaluation behind training tasks that wait for the
+        learner)."""
+        self.parked = True
+        admitted = asyncio.ensure_future(admission)
+        asked = asyncio.ensure_future(self._asked.wait())
+        try:
+            await asyncio.wait({admitted, asked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.parked = False
+            asked.cancel()
+            admitted.cancel()  # a no-op once it is done; the gates count nothing before
+        if not admitted.done() or (admitted.cancelled() and self.yield_asked):
+            return False
+        admitted.result()  # a gate closed by a stopping service cancels the task
+        if not self.preemptible:
+            # Admitted as it was asked: it runs to its end, so the ask is not pending.
+            self.yield_asked = False
+            self._asked.clear()
+        return True
+
 
 def preemptible(task: Task) -> bool:
-    """Only a task with turns left to yield between (several turns, tools) can yield."""
+    """Only a task with turns left to yield between (several turns, tools) can yield
+    while it runs; any task can while it is parked at admission."""
     return task.max_turns > 1 and bool(task.tools)
 
 
@@ -95,11 +132,14 @@ class Preemption:
             waiting -= asked
             below = [r for r in victims if r.tier > tier and not r.yield_asked]
             for running in below[: max(waiting, 0)]:
-                running.yield_asked = True
+                running.ask()
                 self.asked += 1
                 asked += 1
 
     def _victims(self) -> list[Running]:
-        """Preemptible tasks not yet asked, lowest priority first (latest started first)."""
-        candidates = [r for r in self._running.values() if r.preemptible and not r.yield_asked]
-        return sorted(candidates, key=lambda r: (-r.tier, -r.order))
+        """Tasks that can yield, not yet asked: parked ones first (they lose nothing),
+        then the lowest priority (latest started first)."""
+        candidates = [
+            r for r in self._running.values() if (r.preemptible or r.parked) and not r.yield_asked
+        ]
+        return sorted(candidates, key=lambda r: (not r.parked, -r.tier, -r.order))

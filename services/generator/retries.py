@@ -92,6 +92,12 @@ def resumed(task: Task, saved: list[SavedTrajectory]) -> Task:
     )
 
 
+def handed_back(task: Task) -> Task:
+    """A task preempted while parked at admission, as it came: only counted (its
+    message id changes with the count, so the stream takes it again)."""
+    return msgspec.structs.replace(task, preemptions=task.preemptions + 1, not_before=None)
+
+
 def _from_checkpoints(task: Task, checkpoints: Mapping[int, SavedTrajectory]) -> Task:
     """Samples with a checkpoint (their last turn boundary) go on from it."""
     saved = {s.sample_index: s for s in task.resume}

@@ -212,16 +212,20 @@ class GeneratorService(Service):
         )
 
     async def _generate(self, task: Task, running: Running) -> Outcome:
-        if not is_heldout(task):
+        samples = 0 if is_heldout(task) else len(task.sample_indices)
+        if samples:
             with self.stages.stage("admission"):
-                await self.admission.admit(len(task.sample_indices))
+                if not await running.unless_asked(self.admission.admit(samples)):
+                    return Outcome(rollouts=[], handed_back=True)
         if not task.tools or self.settings.tools != "sandbox":
             with self.stages.stage("generate"):
                 return await self._rollouts_for(task, running)
         # One sandbox session per trajectory: each of the task's samples needs one.
         trajectories = [rollout_id(task.id, i, task.attempt) for i in task.sample_indices]
         with self.stages.stage("sandbox_admission"):
-            await self.sandbox_room.admit(trajectories)
+            if not await running.unless_asked(self.sandbox_room.admit(trajectories)):
+                self.admission.release(samples)
+                return Outcome(rollouts=[], handed_back=True)
         try:
             with self.stages.stage("generate"):
                 return await self._rollouts_for(task, running)

@@ -134,11 +134,11 @@ async def test_on_policy_training_waits_for_each_version(tmp_path: Path) -> None
     assert done.code == 0, done.out + done.err
     text = (run_dir / "learner" / "metrics.jsonl").read_text()
     metrics = [json.loads(m) for m in text.splitlines()]
-    assert len(metrics) >= 2 and metrics[-1]["step"] >= 2
+    assert [m["step"] for m in metrics] == [1, 2], "--max-steps 2: two steps, no more"
     assert all(m["staleness_mean"] == 0 and m["dropped_stale"] == 0 for m in metrics)
     assert all(m["samples"] == 32 for m in metrics)
-    # The final evaluation ran too: held-out tasks found a generator slot although the
-    # train tasks wait for the learner's next version.
+    # The final evaluation ran too: held-out tasks took the generator slots of the train
+    # tasks that wait at admission for a version the stopped learner never trains.
     heldout = (run_dir / "eval" / "heldout.jsonl").read_text().splitlines()
     assert len(heldout) == 2, heldout
     _all_gone(done.out)

@@ -187,3 +187,33 @@ async def test_high_tier_work_takes_the_slot_of_a_running_low_tier_task(
     else:
         assert order == ["long", "urgent"]
         assert stats["preemptions"] == 0
+
+
+async def test_a_heldout_task_takes_the_slot_of_a_task_parked_at_staleness_admission(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    """No learner trains: once one sample is admitted, the next training task waits at
+    admission for ever, holding the only slot; the held-out task above it still runs."""
+    js = nc.jetstream()
+    await ensure_streams(js, streams.ALL)
+    settings = _settings(
+        nats_url, tiny_model, max_concurrent_tasks=1, admission_samples=1, preempt_check_s=0.05
+    )
+    engine = TurnTaker(ChatTokenizer.load(tiny_model), calls=0, turn_s=0.05)
+    async with GeneratorService(settings, engine) as service:
+        await _submit(js, _tiered("first", 2, tools=False))
+        await tap.wait(1, timeout_s=30)
+        await _submit(js, _tiered("parked", 2, tools=False))
+        async with asyncio.timeout(30):
+            while service.admission.waits < 1:
+                await asyncio.sleep(0.02)
+        heldout = msgspec.structs.replace(
+            _tiered("eval", 0, tools=False), metadata={"split": "eval"}
+        )
+        await _submit(js, heldout)
+        await tap.wait(2, timeout_s=30)
+        stats = service.statistics()
+        info = await js.stream_info(streams.TASK_STREAMS[2].name)
+    assert [r.task.id for r in tap.got] == ["first", "eval"]
+    assert stats["preemptions_parked"] >= 1
+    assert info.state.messages == 1, "the parked task is back in its stream, not lost"

@@ -179,3 +179,51 @@ async def test_stop_ends_the_check_loop_without_a_cancellation() -> None:
     await asyncio.sleep(0.03)
     preemption.stop()
     await asyncio.wait_for(loop, 1.0)  # a lost cancel must not keep a service from stopping
+
+
+async def test_a_task_parked_at_admission_yields_whatever_its_kind() -> None:
+    preemption = Preemption(full_gate(2), depths({0: 1}), check_s=1.0, on=True)
+    running_tools = preemption.started(1, TOOLS, tier=3)
+    parked = preemption.started(2, PLAIN, tier=2)
+    never = asyncio.Event()
+    waiting = asyncio.create_task(parked.unless_asked(never.wait()))
+    await asyncio.sleep(0)
+    assert parked.parked
+    await preemption.check()
+    # The parked task goes first: it loses nothing, the running one a save and a resume.
+    assert await asyncio.wait_for(waiting, 1.0) is False
+    assert parked.should_yield() and not running_tools.should_yield()
+    assert not parked.parked
+
+
+async def test_an_admitted_task_goes_on_and_a_closed_gate_still_cancels() -> None:
+    preemption = Preemption(full_gate(1), depths({}), check_s=1.0, on=True)
+    plain = preemption.started(1, PLAIN, tier=3)
+    assert await plain.unless_asked(asyncio.sleep(0)) is True
+
+    async def admitted_as_asked() -> None:
+        plain.ask()
+
+    # Admitted in the same step: it runs to its end, and a plain task cannot yield then.
+    assert await plain.unless_asked(admitted_as_asked()) is True
+    assert not plain.should_yield()
+    assert await plain.unless_asked(asyncio.sleep(0)) is True
+    gate = asyncio.Event()
+    waiting = asyncio.create_task(plain.unless_asked(gate.wait()))
+    await asyncio.sleep(0)
+    plain.ask()
+    assert await asyncio.wait_for(waiting, 1.0) is False
+
+    async def closed() -> None:
+        raise asyncio.CancelledError("admission closed")
+
+    other = preemption.started(2, PLAIN, tier=3)
+    with pytest.raises(asyncio.CancelledError):
+        await other.unless_asked(closed())
+
+
+def test_a_handed_back_task_is_the_same_task_under_a_new_message_id() -> None:
+    task = msgspec.structs.replace(TOOLS, attempt=1, not_before=5.0)
+    back = retries.handed_back(task)
+    assert (back.id, back.attempt, back.resume, back.not_before) == ("t", 1, [], None)
+    assert retries.requeue_msg_id(back) != retries.requeue_msg_id(task)
