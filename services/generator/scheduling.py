@@ -20,6 +20,8 @@ from protocol.messages import (
     FailureKind,
     Rollout,
     RolloutStatus,
+    ScoredRollout,
+    ScoreStatus,
 )
 from services.generator.fairshare import FairShare
 from services.generator.intake import Fairness
@@ -36,6 +38,9 @@ class SchedulingSettings:
     quarantine_min_samples: int = 20
     quarantine_threshold: float = 0.5
     quarantine_probe_s: float = 60.0
+    #: Count the validator's infrastructure failures too (its unit-test sandbox, a reward
+    #: model): every instance listens to the scored rollouts for those of its own.
+    quarantine_validator: bool = True
     #: With nothing to take, a tier waits for a publish; it asks the stream anyway this
     #: often, for tasks that come back without one (naks elsewhere, ack timeouts).
     idle_refresh_s: float = 2.0
@@ -56,6 +61,22 @@ def infra_failure_of_domain(rollout: Rollout) -> bool:
     return rollout.status is RolloutStatus.INFRA_FAILURE and rollout.failure is FailureKind.TOOL
 
 
+def judged_infra_failure(scored: ScoredRollout, generator: str) -> bool:
+    """The validator failed on its infrastructure judging a rollout that ``generator``
+    produced intact.
+
+    A rollout that failed in generation is passed on unjudged as an infra failure: its
+    generator counted it already.  Another instance's rollouts are left to that instance:
+    counting their failures here but not their successes would inflate the share.
+    """
+    rollout = scored.rollout
+    return (
+        scored.status is ScoreStatus.INFRA_FAILURE
+        and rollout.status is not RolloutStatus.INFRA_FAILURE
+        and rollout.generator == generator
+    )
+
+
 class DomainScheduler:
     def __init__(
         self,
@@ -74,19 +95,35 @@ class DomainScheduler:
         )
         self._clock = clock
         self._in_flight: Counter[str] = Counter()
+        #: The validator's infrastructure failures of this instance's rollouts, counted.
+        self.judged_failures = 0
 
     def started(self, domain: str) -> None:
         self._in_flight[domain] += 1
 
-    def finished(self, domain: str, rollouts: Iterable[Rollout]) -> None:
+    def finished(self, domain: str) -> None:
         self._in_flight[domain] -= 1
         if self._in_flight[domain] <= 0:
             del self._in_flight[domain]
+
+    def generated(self, domain: str, rollouts: Iterable[Rollout]) -> None:
+        """A task's rollouts, before they are published: the validator's report on one
+        then always comes later, and replaces the generator's outcome."""
         if not self.settings.quarantine:
             return
         now = self._clock()
         for rollout in rollouts:
-            self.quarantine.record(domain, infra_failure=infra_failure_of_domain(rollout), now=now)
+            failed = infra_failure_of_domain(rollout)
+            self.quarantine.record(domain, rollout.id, infra_failure=failed, now=now)
+
+    def judged(self, scored: ScoredRollout, generator: str) -> bool:
+        """A validator's result; whether it counted (see :func:`judged_infra_failure`)."""
+        if not (self.settings.quarantine and judged_infra_failure(scored, generator)):
+            return False
+        rollout, now = scored.rollout, self._clock()
+        self.quarantine.record(rollout.task.domain, rollout.id, infra_failure=True, now=now)
+        self.judged_failures += 1
+        return True
 
     def control(self, request: DomainControl, instance: str) -> DomainSchedules:
         applied = False
@@ -127,6 +164,7 @@ class DomainScheduler:
         return {
             "quarantined_domains": float(len(self.held())),
             "domains_in_flight": float(len(self._in_flight)),
+            "validator_infra_failures": float(self.judged_failures),
         }
 
     def state(self, domain: str) -> DomainState:

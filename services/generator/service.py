@@ -2,7 +2,9 @@
 
 Tasks are pulled with strict priority (tier 0 first) under one shared concurrency bound,
 and within a tier in weighted fair share between domains, a quarantined domain's tasks
-held in their stream (services.generator.intake, services.generator.scheduling).
+held in their stream (services.generator.intake, services.generator.scheduling); the
+validator's infrastructure failures of this instance's rollouts, heard on the scored
+subject, count toward that quarantine.
 A task is acked only once all its rollouts are stored in the rollout stream, each with
 its stable id as ``Nats-Msg-Id``, so a redelivered task republishes nothing new.
 Policy updates are applied by the engine's weight transaction between requests.
@@ -26,6 +28,7 @@ from protocol.messages import (
     DomainControl,
     DomainSchedules,
     PolicyUpdate,
+    ScoredRollout,
     Stats,
     Task,
     WeightFormat,
@@ -138,6 +141,11 @@ class GeneratorService(Service):
         self.listen(subjects.domain_control(), Codec(DomainControl), self._on_domain_control)
         if settings.tools == "sandbox" and settings.sandbox_admission:
             self.listen(subjects.stats("sandbox"), Codec(Stats), self._on_sandbox_stats)
+        if settings.scheduling.quarantine and settings.scheduling.quarantine_validator:
+            # Every scored rollout, to find this instance's among them; the replay buffer
+            # consumes (and dead-letters) the stream, so this one only watches.
+            scored: Codec[ScoredRollout] = Codec(ScoredRollout)
+            self.listen(subjects.scored_all(), scored, self._on_scored, observer=True)
         for tier, spec in enumerate(streams.TASK_STREAMS):
             consumer = DomainConsumer(
                 self._consumer_spec(spec.name),
@@ -199,10 +207,11 @@ class GeneratorService(Service):
         running = self.preemption.started(id(delivery), task, _tier_of(delivery))
         try:
             outcome = await self._generate(task, running)
+            self.scheduler.generated(task.domain, outcome.rollouts)
             await self.outcomes.settle(task, outcome, delivery)
         finally:
             self.preemption.finished(id(delivery))
-            self.scheduler.finished(task.domain, outcome.rollouts)
+            self.scheduler.finished(task.domain)
         self.log.info(
             "task_generated",
             domain=task.domain,
@@ -245,6 +254,15 @@ class GeneratorService(Service):
 
     async def _on_sandbox_stats(self, stats: Stats, _: Request) -> None:
         self.sandbox_room.report(stats.instance, stats.values)
+
+    async def _on_scored(self, scored: ScoredRollout, _: Request) -> None:
+        if self.scheduler.judged(scored, self.instance):
+            self.log.info(
+                "validator_infra_failure",
+                domain=scored.rollout.task.domain,
+                rollout=scored.rollout.id,
+                error=scored.error,
+            )
 
     async def _on_domain_control(self, request: DomainControl, _: Request) -> DomainSchedules:
         answer = self.scheduler.control(request, self.instance)

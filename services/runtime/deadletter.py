@@ -60,6 +60,10 @@ class DeadLetters:
         await self._bus.publish(
             subjects.error_event(self._service), event, trace_id=trace_id, msg_id=msg_id
         )
+        self.count(rejection)
+
+    def count(self, rejection: Rejection) -> None:
+        """Count bad input; :meth:`event` does, and an observer that publishes nothing."""
         self._metrics.bad_input.labels(source=rejection.source, code=rejection.code.value).inc()
 
     async def dead_letter(

@@ -47,7 +47,12 @@ RequestHandler = Callable[[Q, Request], Awaitable[Message | None]]
 
 
 class Responder(Generic[Q]):
-    """Serves one request subject, in a queue group so instances share the load."""
+    """Serves one request subject, in a queue group so instances share the load.
+
+    An ``observer`` watches a subject whose messages another service consumes from a
+    stream: it never replies (the publisher's reply inbox waits for the stream's ack),
+    and bad input is only logged and counted here, since that consumer dead-letters it.
+    """
 
     def __init__(
         self,
@@ -61,8 +66,10 @@ class Responder(Generic[Q]):
         dead_letters: DeadLetters,
         metrics: ServiceMetrics,
         max_in_flight: int = 64,
+        observer: bool = False,
     ) -> None:
         self.subject = subject
+        self._observer = observer
         self._codec = codec
         self._handler = handler
         self._queue = queue
@@ -118,7 +125,7 @@ class Responder(Generic[Q]):
         try:
             with structlog.contextvars.bound_contextvars(trace_id=trace_id):
                 reply = await self._answer(msg, trace_id)
-            if msg.reply and reply is not None:
+            if msg.reply and reply is not None and not self._observer:
                 await msg.respond(encode(reply))
         except Exception as error:
             self._log.error("reply_failed", error=repr(error))
@@ -151,6 +158,9 @@ class Responder(Generic[Q]):
             code=code, message=message, field=field, source=self._source, subject=msg.subject
         )
         self._log.warning("bad_request", code=code.value, reason=message, field=field)
+        if self._observer:
+            self._dead.count(rejection)
+            return
         try:
             # Like bad stream input: an error event, and a dead letter with the original bytes.
             await self._dead.reject(rejection, msg.data, msg.headers)

@@ -216,9 +216,17 @@ class Service:
         self._responders.append(responder)
         return responder
 
-    def listen(self, subject: str, codec: Decoder[M], handler: RequestHandler[M]) -> Responder[M]:
-        """Receive every message on ``subject`` (no queue group): events such as heartbeats."""
-        responder = self._responder(subject, codec, handler, None, 64)
+    def listen(
+        self,
+        subject: str,
+        codec: Decoder[M],
+        handler: RequestHandler[M],
+        *,
+        observer: bool = False,
+    ) -> Responder[M]:
+        """Receive every message on ``subject`` (no queue group): events such as heartbeats.
+        An ``observer`` never replies nor dead-letters (see :class:`Responder`)."""
+        responder = self._responder(subject, codec, handler, None, 64, observer=observer)
         self._responders.append(responder)
         return responder
 
@@ -230,6 +238,8 @@ class Service:
         queue: str | None,
         limit: int,
         source: str | None = None,
+        *,
+        observer: bool = False,
     ) -> Responder[M]:
         return Responder(
             subject,
@@ -241,6 +251,7 @@ class Service:
             dead_letters=self.dead_letters,
             metrics=self.metrics,
             max_in_flight=limit,
+            observer=observer,
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -100,8 +100,8 @@ async def test_a_quarantined_domain_is_held_in_the_stream_until_its_probe(nc: NA
     await publish(js, "fine", 10)
     now = [1000.0]
     quarantine = Quarantine(QuarantineSettings(min_samples=3, probe_after_s=60.0))
-    for _ in range(3):
-        quarantine.record("broken", infra_failure=True, now=now[0])
+    for i in range(3):
+        quarantine.record("broken", f"broken/{i}", infra_failure=True, now=now[0])
     fair = Fairness(share=FairShare(), quarantine=quarantine, clock=lambda: now[0])
     source = DomainSource(nc, js, SPEC, TIER, fair)
     try:
@@ -113,7 +113,7 @@ async def test_a_quarantined_domain_is_held_in_the_stream_until_its_probe(nc: NA
         [probe] = await source.fetch(5, 0.0)  # one probe, nothing more until it reports
         await probe.ack()
         assert await source.fetch(5, 0.0) == []
-        quarantine.record("broken", infra_failure=False, now=now[0])
+        quarantine.record("broken", "probe", infra_failure=False, now=now[0])
         assert domains(await take(source, 9)) == {"broken": 9}
     finally:
         await source.close()

@@ -1,6 +1,7 @@
 """Scheduling in the generator service over a real nats-server: fair share between domains
-under a 10:1 flood (torch engine), and a domain quarantined while its sandbox fails,
-held in its stream, then resumed by a probe once a real sandbox service (Docker) is up.
+under a 10:1 flood (torch engine), a domain quarantined while its sandbox fails, held in
+its stream, then resumed by a probe once a real sandbox service (Docker) is up, and a
+domain quarantined because the real validator's sandbox fails to judge its rollouts.
 
 The quarantine test's engine is a test double at the model boundary (a random tiny model
 writes no tool calls, and the tool path is the point): it calls the python tool on a
@@ -10,17 +11,32 @@ task's first turn and answers after the tool's output.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import tempfile
 from pathlib import Path
 
+import msgspec
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from protocol import streams, subjects
 from protocol.client import TemperClient
-from protocol.messages import ChatMessage, DomainControl, RolloutStatus, SamplingParams, Task
+from protocol.codec import Codec
+from protocol.errors import DecodeError
+from protocol.messages import (
+    ChatMessage,
+    DomainControl,
+    RolloutStatus,
+    SamplingParams,
+    ScoredRollout,
+    Task,
+)
+from services.domains import DomainRegistry
+from services.domains.terminal.family import domain as terminal_domain
 from services.generator.engine import GenerateRequest, Sample
 from services.generator.scheduling import SchedulingSettings
 from services.generator.service import GeneratorService
@@ -29,9 +45,12 @@ from services.runtime.jetstream import ensure_streams
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings
+from services.validator import ValidatorService
 from tests.engines import ScriptedTurns, occurrences, stopped
 from tests.integration import test_generator_service
+from tests.integration.support import Inbox, counter, stream_count
 from tests.integration.test_generator_service import RolloutTap, _settings, _submit
+from tests.integration.test_validator_service import settings as validator_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -172,6 +191,84 @@ async def test_a_domain_whose_sandbox_fails_is_held_then_resumed_by_a_probe(
     assert sum(r.task.domain == "plain" for r in tap.got) == 6
 
 
+#: A terminal task's hidden test: the validator runs it in a sandbox session, whatever
+#: the rollout says, so the tiny policy's text is enough to need the sandbox.
+CHECKS = [{"name": "always", "message": "never fails", "condition": "true"}]
+
+
+def _judged_task(task_id: str, domain: str) -> Task:
+    task = _task(task_id, domain)
+    return msgspec.structs.replace(task, metadata={"checks": CHECKS})
+
+
+async def _watch_replies(nc: NATS) -> tuple[Inbox, bytes]:
+    """Bytes that are no ScoredRollout, published on a scored subject with a reply inbox
+    (as JetStream publishes ask for the stream's ack); the inbox, and the bytes."""
+    inbox = await Inbox.open(nc, "test.replies.scored")
+    junk = b"\xc1 not msgpack"
+    await nc.publish(subjects.scored("junk", "junk-0"), junk, reply="test.replies.scored")
+    return inbox, junk
+
+
+async def test_a_domain_whose_validator_sandbox_fails_is_held_in_its_stream(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    """No sandbox service: the validator's hidden tests of "term" fail on the infrastructure
+    (the generator's own rollouts of it are fine: it calls no tool), and the generator
+    that made those rollouts holds the domain.  "plain" is unknown to the validator
+    (invalid, not infra) and goes on."""
+    scheduling = SchedulingSettings(
+        quarantine_min_samples=4, quarantine_threshold=0.5, quarantine_probe_s=600.0
+    )
+    settings = _settings(nats_url, tiny_model, scheduling=scheduling)
+    judges = DomainRegistry([terminal_domain("term", {})])
+    js = nc.jetstream()
+    async with (
+        ValidatorService(validator_settings(nats_url), domains=judges) as validator,
+        GeneratorService(settings) as service,
+        await TemperClient.connect(nats_url) as temper,
+    ):
+        replies, junk = await _watch_replies(nc)
+        for i in range(4):
+            await _submit(js, _judged_task(f"term-{i}", "term"))
+        async with asyncio.timeout(60):
+            while "term" not in service.scheduler.held():
+                await asyncio.sleep(0.05)
+        for i in range(4, 10):
+            await _submit(js, _judged_task(f"term-{i}", "term"))
+        for i in range(3):
+            await _submit(js, _task(f"plain-{i}", "plain"))
+        async with asyncio.timeout(60):
+            while sum(r.task.domain == "plain" for r in tap.got) < 3:
+                await asyncio.sleep(0.05)
+        [answer] = await temper.domain_control()
+        stats, judged = service.statistics(), validator.statistics()
+        with pytest.raises(DecodeError) as bad:
+            Codec(ScoredRollout).decode(junk)
+        code = bad.value.code.value
+        assert counter(service, "bad_input", source="generator", code=code) == 1.0
+        acks = [await replies.next(), *await _more(replies)]
+    states = {d.domain: d.state for d in answer.domains}
+    assert states == {"term": "quarantined", "plain": "active"}
+    assert judged["domain.term.infra_failure_rate"] == 1.0
+    assert stats["quarantined_domains"] == 1.0 and stats["validator_infra_failures"] >= 2
+    term = [r for r in tap.got if r.task.domain == "term"]
+    assert [r.status for r in term] == [RolloutStatus.OK] * 4, "fine at generation"
+    assert await _held(nc, "term") == 6, "held in the stream, not failed"
+    assert await stream_count(js, streams.DEAD_LETTERS.name) == 0
+    # The junk's only reply is the stream's ack: the generator watches, never answers.
+    assert len(acks) == 1 and b'"stream"' in acks[0].data
+
+
+async def _more(inbox: Inbox) -> list[Msg]:
+    """What else comes to ``inbox`` within half a second."""
+    more: list[Msg] = []
+    with contextlib.suppress(nats.errors.TimeoutError):
+        while True:
+            more.append(await inbox.next(timeout_s=0.5))
+    return more
+
+
 async def test_domain_control_sets_weights_and_resumes_at_run_time(
     nats_url: str, tiny_model: Path
 ) -> None:
@@ -182,8 +279,8 @@ async def test_domain_control_sets_weights_and_resumes_at_run_time(
         [weighted] = await temper.domain_control(DomainControl(domain="maths", share_weight=4.0))
         [resumed] = await temper.domain_control(DomainControl(domain="maths", resume=True))
         now = service.scheduler.fairness.clock()
-        for _ in range(20):
-            service.scheduler.quarantine.record("maths", infra_failure=True, now=now)
+        for i in range(20):
+            service.scheduler.quarantine.record("maths", f"m/{i}", infra_failure=True, now=now)
         [held] = await temper.domain_control()
         [lifted] = await temper.domain_control(DomainControl(domain="maths", resume=True))
     assert weighted.applied and service.scheduler.share.weight("maths") == 4.0

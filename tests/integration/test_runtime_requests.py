@@ -21,24 +21,29 @@ from protocol.messages import (
     SandboxStatus,
 )
 from services.runtime import Request, RequestRejected, RuntimeSettings, Service
-from tests.integration.support import client, runtime, wait_entries
+from tests.integration.support import client, counter, runtime, stream_count, wait_entries
 
 SUBJECT = subjects.sandbox_exec()
 EXEC = Codec(SandboxExec)
 
 
 class EchoService(Service):
-    """Answers SandboxExec: ``code`` says how (``reject``, ``crash``, anything else runs)."""
+    """Answers SandboxExec: ``code`` says how (``reject``, ``crash``, anything else runs).
+    As an ``observer`` it only watches the subject (its answers go nowhere)."""
 
     name = "rt-echo"
     streams = (streams.ERRORS, streams.DEAD_LETTERS)
 
-    def __init__(self, runtime: RuntimeSettings) -> None:
+    def __init__(self, runtime: RuntimeSettings, *, observer: bool = False) -> None:
         super().__init__(runtime)
         self.served: list[str] = []
+        self._observer = observer
 
     async def setup(self) -> None:
-        self.respond(SUBJECT, EXEC, self._exec)
+        if self._observer:
+            self.listen(SUBJECT, EXEC, self._exec, observer=True)
+        else:
+            self.respond(SUBJECT, EXEC, self._exec)
 
     async def _exec(self, request: SandboxExec, ctx: Request) -> Message:
         if request.code == "reject":
@@ -128,3 +133,30 @@ async def test_instances_share_requests_through_the_queue_group(nats_url: str) -
             assert set(by_instance) == {"one", "two"}
             assert len(first.served) + len(second.served) == total
             assert set(first.served).isdisjoint(second.served)
+
+
+async def test_an_observer_never_replies_and_leaves_bad_input_to_the_consumer(
+    nats_url: str,
+) -> None:
+    """Its reply would reach the publisher's inbox, where a JetStream publish waits for
+    the stream's ack; bad input is counted, not dead-lettered a second time."""
+    async with client(nats_url) as nc, asyncio.timeout(15):
+        async with EchoService(runtime(nats_url), observer=True) as service:
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            for payload in (
+                b"\xc1 not msgpack",
+                EXEC.encode(SandboxExec(id="w1", code="crash")),
+                EXEC.encode(SandboxExec(id="w2", code="print(1)")),
+            ):
+                await nc.publish(SUBJECT, payload, reply=inbox)
+            while service.served != ["w2"]:
+                await asyncio.sleep(0.01)
+            await nc.flush()
+            await asyncio.sleep(0.2)
+            assert sub.pending_msgs == 0, "no reply of any kind"
+            assert counter(service, "bad_input", source=service.name, code="not_msgpack") == 1
+            assert not service.crashed.is_set()
+        js = nc.jetstream()
+        assert await stream_count(js, streams.DEAD_LETTERS.name) == 0
+        assert await stream_count(js, streams.ERRORS.name) == 0

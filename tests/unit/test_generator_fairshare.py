@@ -82,7 +82,7 @@ def feed(q: Quarantine, domain: str, outcomes: str, start: float = 0.0) -> float
     now = start
     for i, outcome in enumerate(outcomes):
         now = start + i
-        q.record(domain, infra_failure=outcome == "x", now=now)
+        q.record(domain, f"{domain}@{now:g}", infra_failure=outcome == "x", now=now)
     return now
 
 
@@ -113,7 +113,7 @@ def test_a_successful_probe_resumes_the_domain() -> None:
     assert q.allows("d", now + 10)  # the probe
     assert q.state("d") is DomainState.PROBING
     assert not q.allows("d", now + 10.5), "one probe at a time"
-    q.record("d", infra_failure=False, now=now + 12)
+    q.record("d", "probe", infra_failure=False, now=now + 12)
     assert q.state("d") is DomainState.ACTIVE and q.allows("d", now + 12)
 
 
@@ -121,7 +121,7 @@ def test_a_failed_or_lost_probe_backs_off() -> None:
     q = Quarantine(SETTINGS)
     now = feed(q, "d", "x" * 10)
     assert q.allows("d", now + 10)
-    q.record("d", infra_failure=True, now=now + 11)
+    q.record("d", "probe", infra_failure=True, now=now + 11)
     assert q.state("d") is DomainState.QUARANTINED
     assert not q.allows("d", now + 11 + 19)
     assert q.allows("d", now + 11 + 20)  # the wait doubled to 20 s
@@ -161,7 +161,7 @@ def test_the_scheduler_names_the_busiest_domains_in_flight() -> None:
         for _ in range(count):
             scheduler.started(domain)
     assert scheduler.in_flight(limit=2) == "b:3,c:2,+4 more"
-    scheduler.finished("b", [])
-    scheduler.finished("b", [])
-    scheduler.finished("b", [])
+    scheduler.finished("b")
+    scheduler.finished("b")
+    scheduler.finished("b")
     assert scheduler.in_flight(limit=10) == "c:2,a:1,d:1,e:1,f:1"
