@@ -29,7 +29,8 @@ the cores every turn is longer, and both waits with it.
 Preemption overhead per trajectory is the generator's save plus restore stage time
 per preempted trajectory, set against a plain turn (engine time per generated turn of
 the same lane's low-tier trajectories).  With local tools there is no sandbox session to
-snapshot: it is the bookkeeping alone, without a sandbox snapshot's save and restore.
+snapshot: it is the bookkeeping alone.  A real sandbox session's snapshot and restore
+are measured after the lanes (``--sandbox-rounds``; scheduling_sandbox.py).
 
 Goal (issue 14): >= 5x lower high-tier p95 queue with preemption on.  Figures are
 printed, never asserted.
@@ -59,6 +60,8 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from scheduling_report import HIGH_TIER, LOW_TIER, Lane, Workload, render
+from scheduling_sandbox import measure as measure_snapshots
+from scheduling_sandbox import render as render_snapshots
 
 from protocol import streams, subjects
 from protocol.codec import Codec, encode
@@ -401,6 +404,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=Workload.interval_s)
     parser.add_argument("--max-turns", type=int, default=Workload.max_turns)
     parser.add_argument("--turn-tokens", type=int, default=Workload.turn_tokens)
+    parser.add_argument(
+        "--sandbox-rounds",
+        type=int,
+        default=5,
+        help="rounds of a real sandbox session's snapshot and restore (0: none)",
+    )
     args = parser.parse_args(argv)
     # Quiet: service logs would cut the table.
     logs.configure("bench-scheduling", level="error")
@@ -416,12 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = args.repeats
     if args.quick:
         work = dataclasses.replace(work, high_tasks=3, max_turns=min(work.max_turns, 8))
-        repeats = 1
+        repeats, args.sandbox_rounds = 1, min(args.sandbox_rounds, 1)
     with_on = preemption_available()
     note = "" if with_on else "preemption on: not in this build (no GeneratorSettings.preemption)"
     policy = warmed_policy(depth_for(work.max_turns))
     rounds = run(lambda: run_bench(policy, work, repeats, with_on))
     print("\n".join(render(rounds, work, note)))
+    if args.sandbox_rounds > 0:
+        snapshots = run(lambda: measure_snapshots(args.sandbox_rounds))
+        print("\n".join(render_snapshots(snapshots)))
     return 0
 
 

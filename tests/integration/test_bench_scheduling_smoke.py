@@ -1,12 +1,13 @@
 """The scheduling benchmark's quick run: real nats-server, generator service and torch
-engine on the warmed tool-calling policy (built once and cached; figures are printed,
-never asserted)."""
+engine on the warmed tool-calling policy (built once and cached), and one round of a real
+sandbox session's snapshot and restore (figures are printed, never asserted)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.benches import load_bench
+from tests.required import unavailable
 
 pytestmark = [pytest.mark.integration]
 
@@ -30,3 +31,7 @@ def test_a_quick_run_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> 
         assert "preemption overhead" in out
     else:
         assert "preemption on: not in this build" in out
+    if "real sandbox snapshot: not measured" in out:
+        reason = out.split("not measured (", 1)[1].split("\n", 1)[0]
+        unavailable("the sandbox image", reason, flag="TEMPER_REQUIRE_DOCKER")
+    assert "real sandbox session (" in out and "work intact after restore: yes" in out, out

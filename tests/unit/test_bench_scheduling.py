@@ -75,3 +75,23 @@ def test_the_warm_up_teaches_calling_again_after_each_output(bench: ModuleType) 
         assert example.reference.startswith("<tool_call>") and "<answer>" not in example.reference
         calls = [m.content for m in example.task.prompt if m.role == "assistant"]
         assert all(call == example.reference for call in calls)
+
+
+def test_the_sandbox_snapshot_lines_set_save_and_restore_against_a_turn() -> None:
+    snapshots = load_bench("scheduling_sandbox")
+    fig = snapshots.SnapshotFigures(
+        image="temper-sandbox:x",
+        turn_s=[0.010, 0.010, 0.012],
+        fresh_s=[0.020],
+        save_s=[0.008, 0.009],
+        restore_s=[0.022, 0.023],
+    )
+    text = "\n".join(snapshots.render(fig))
+    assert "save p50 8 ms (max 9); restore (first turn from the snapshot) p50 22 ms" in text
+    # save 8.5 + restore 22.5 - the turn a resumed trajectory would have run anyway 10
+    assert "overhead per trajectory: 21 ms (2.1 plain tool turns)" in text
+    assert "work intact after restore: yes" in text
+    fig.intact = False
+    assert "work intact after restore: NO" in "\n".join(snapshots.render(fig))
+    skipped = snapshots.SnapshotFigures(skipped="no Docker")
+    assert snapshots.render(skipped) == ["  real sandbox snapshot: not measured (no Docker)"]
