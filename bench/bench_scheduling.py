@@ -201,7 +201,9 @@ def high_task(index: int, work: Workload, prompt: Task) -> Task:
 
 async def submit(nc: NATS, task: Task) -> None:
     await nc.jetstream().publish(
-        subjects.task(task.tier, task.domain), encode(task), headers={"Nats-Msg-Id": task.id}
+        subjects.task(task.tier, task.domain, task.tenant),
+        encode(task),
+        headers={"Nats-Msg-Id": task.id},
     )
 
 

@@ -12,6 +12,7 @@ from protocol.errors import (
     ProtocolError,
     RemoteError,
     SubjectError,
+    SubjectMismatch,
     VersionError,
 )
 from protocol.messages import (
@@ -137,6 +138,7 @@ __all__ = [
     "StatusRequest",
     "StreamStatus",
     "SubjectError",
+    "SubjectMismatch",
     "Task",
     "Timings",
     "ToolCall",

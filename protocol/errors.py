@@ -83,6 +83,13 @@ class RemoteError(ProtocolError):
         self.code = code
 
 
+class SubjectMismatch(ProtocolError):
+    """A message disagrees with the subject it came on (a task's tenant); ``field``
+    names the field (``$.tenant``)."""
+
+    code = ErrorCode.VALIDATION
+
+
 class SubjectError(ProtocolError, ValueError):
     """A value cannot be used as a subject token (empty, or holds ``.``, ``*``, ``>`` or spaces)."""
 

@@ -30,6 +30,8 @@ DEFAULT_TIER: Final = 1
 
 #: Ids and domains are used as subject tokens, so they are restricted to a safe alphabet.
 Token = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,127}\Z")]
+#: A token or empty: a task's tenant, empty for the default tenant.
+OptionalToken = Annotated[str, Meta(pattern=r"^(?:[A-Za-z0-9][A-Za-z0-9_\-]{0,127})?\Z")]
 Tier = Annotated[int, Meta(ge=0, lt=TIERS)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -104,6 +106,9 @@ class Task(Message, tag="task"):
     resume: list[SavedTrajectory] = []
     #: How often this attempt was preempted (its re-queued message ids count them).
     preemptions: NonNegInt = 0
+    #: Who submitted it, for fair share between the tenants of a domain; empty: the
+    #: default tenant.  Part of the subject, which must agree with it.
+    tenant: OptionalToken = ""
 
     def __post_init__(self) -> None:
         _require_items("prompt_tokens", self.prompt_tokens, I32.itemsize)
@@ -721,6 +726,15 @@ class DomainControl(Message, tag="domain_control"):
     share_weight: float | None = None
 
 
+class TenantSchedule(Record):
+    """How one generator instance schedules one tenant of a domain."""
+
+    #: Empty: the default tenant.
+    tenant: str = ""
+    started: NonNegInt = 0
+    in_flight: NonNegInt = 0
+
+
 class DomainSchedule(Record):
     """How one generator instance schedules one domain."""
 
@@ -734,6 +748,9 @@ class DomainSchedule(Record):
     in_flight: NonNegInt = 0
     #: Infrastructure-failure share that quarantined it (0 when active).
     failure_rate: float = 0.0
+    #: Per tenant (the default one as ``""``), once the domain had a named tenant's task;
+    #: ``started`` and ``in_flight`` above count them all.
+    tenants: list[TenantSchedule] = []
 
 
 class DomainSchedules(Message, tag="domain_schedules"):

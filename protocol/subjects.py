@@ -7,12 +7,14 @@ stack can run beside a v1 stack on one NATS cluster.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Final
 
-from protocol.errors import SubjectError
-from protocol.messages import PROTOCOL_VERSION, TIERS
+from protocol.errors import SubjectError, SubjectMismatch
+from protocol.messages import PROTOCOL_VERSION, TIERS, Task
 
 PREFIX: Final = f"temper.v{PROTOCOL_VERSION}"
+_TASKS: Final = f"{PREFIX}.task."
 _TOKEN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,127}\Z")
 
 
@@ -30,13 +32,55 @@ def _tier(tier: int) -> int:
 
 
 # Work
-def task(tier: int, domain: str) -> str:
-    return f"{PREFIX}.task.{_tier(tier)}.{token(domain, 'domain')}"
+def task(tier: int, domain: str, tenant: str = "") -> str:
+    """``<tier>.<domain>`` for the default tenant (empty), as before tenants existed;
+    another tenant is one more token, so that each tenant's tasks can have a consumer of
+    their own (JetStream filters on subjects, never on a message's fields)."""
+    subject = f"{PREFIX}.task.{_tier(tier)}.{token(domain, 'domain')}"
+    return f"{subject}.{token(tenant, 'tenant')}" if tenant else subject
 
 
 def task_tier(tier: int) -> str:
     """Filter matching every task of one tier."""
     return f"{PREFIX}.task.{_tier(tier)}.>"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRoute:
+    """What a task's subject says: the tier, domain and tenant it is scheduled in."""
+
+    tier: int
+    domain: str
+    tenant: str = ""
+
+    @classmethod
+    def parse(cls, subject: str) -> TaskRoute:
+        """The route of a subject :func:`task` builds; SubjectError for any other."""
+        tokens = subject.removeprefix(_TASKS).split(".")
+        if subject.startswith(_TASKS) and len(tokens) in (2, 3) and tokens[0].isdecimal():
+            route = cls(int(tokens[0]), *tokens[1:])
+            if task(route.tier, route.domain, route.tenant) == subject:
+                return route
+        raise SubjectError(
+            f"{subject!r} is not a task subject ({_TASKS}<tier>.<domain>[.<tenant>])"
+        )
+
+    def check(self, message: Task) -> None:
+        """SubjectMismatch unless the task's tenant is the subject's: the subject decides
+        whose share the task is taken in, and the task would be counted as another's.
+        Tier and domain are not compared (the subject decides, docs/protocol.md §5.1):
+        v1 readers never refused those, and a tighter rule would break old writers."""
+        if message.tenant != self.tenant:
+            raise SubjectMismatch(
+                f"task {message.id!r} has tenant {_shown(message.tenant)} but came on "
+                f"{task(self.tier, self.domain, self.tenant)} (tenant {_shown(self.tenant)}); "
+                "publish a task on the subject of its own tenant",
+                field="$.tenant",
+            )
+
+
+def _shown(value: str) -> str:
+    return repr(value) if value else "'' (the default tenant)"
 
 
 def rollout(domain: str) -> str:

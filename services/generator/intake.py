@@ -1,16 +1,18 @@
-"""Fair intake within a priority tier: one durable per (tier, domain), taken in weighted
-fair share, with quarantined domains held in their stream.
+"""Fair intake within a priority tier: one durable per flow (a domain's tasks of one
+tenant), taken in weighted fair share, with quarantined domains held in their stream.
 
 A pull consumer on a whole tier hands tasks out in stream order, so behind a flood of
-one domain every other domain waits for all of it.  With one durable per domain (filter
-subject ``temper.v1.task.<tier>.<domain>``; a work-queue stream allows such
-non-overlapping consumers) the generator chooses whose task to take next:
-:class:`~services.generator.fairshare.FairShare` picks among the domains with tasks
-waiting, and a domain in :class:`~services.generator.quarantine.Quarantine` is skipped
-(its tasks stay in the stream, neither failed nor dead-lettered) except for its probe.
-All generator instances share the durables, so each task still goes to one of them.
+one domain (or of one tenant) every other waits for all of it.  With one durable per
+flow (filter subject ``temper.v1.task.<tier>.<domain>`` for the default tenant,
+``temper.v1.task.<tier>.<domain>.<tenant>`` for another; a work-queue stream allows
+such non-overlapping consumers) the generator chooses whose task to take next:
+:class:`~services.generator.fairshare.FairShare` picks among the flows with tasks
+waiting, and a domain in :class:`~services.generator.quarantine.Quarantine` is skipped,
+every tenant of it (its tasks stay in the stream, neither failed nor dead-lettered)
+except for its probe.  All generator instances share the durables, so each task still
+goes to one of them.
 
-Domains are found from the stream's per-subject message counts (one ``STREAM.INFO``
+Flows are found from the stream's per-subject message counts (one ``STREAM.INFO``
 request with a subject filter, at most every ``refresh_s``), and their durables are
 created on first sight.  A tier with nothing to take does not poll: it listens on the
 tier's subjects (a core subscription, open only while nothing can be taken, so a busy
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,8 +42,9 @@ from nats.js import JetStreamContext
 
 from protocol import subjects
 from protocol.codec import Codec
+from protocol.errors import SubjectError
 from protocol.messages import Task
-from services.generator.fairshare import FairShare
+from services.generator.fairshare import FairShare, Flow
 from services.generator.quarantine import Quarantine
 from services.runtime.bus import Bus
 from services.runtime.consumer import Consumer, ConsumerTuning, Handler, max_deliveries_advisory
@@ -50,14 +54,27 @@ from services.runtime.logs import get_logger
 from services.runtime.metrics import ServiceMetrics
 from services.runtime.pull import Puller
 
-#: The tier-wide durable of FIFO intake; its domain durables are ``generator-<domain>``.
+#: The tier-wide durable of FIFO intake; its flows' durables are named by flow_durable().
 DURABLE = "generator"
 #: Longest wait for the stream's backlog before the intake asks again.
 REFRESH_TIMEOUT_S = 1.0
+#: The server's limit on a consumer name (JSMaxNameLen).
+MAX_DURABLE_LEN = 255
 
 
-def domain_durable(domain: str) -> str:
-    return f"{DURABLE}-{subjects.token(domain, 'domain')}"
+def flow_durable(flow: Flow) -> str:
+    """``generator-<domain>`` for the default tenant (the durable of a domain before
+    tenants existed), ``generator-<domain>~<tenant>`` for another.  A consumer name may
+    not hold ``.`` (nor ``*``, ``>``, ``/``, ``\\``, spaces); ``~`` is in no token, so no
+    two flows share a name.  Two tokens of 128 characters would pass the server's 255:
+    such a flow is named by a digest instead (``generator~<hex>``, unlike any other)."""
+    domain = subjects.token(flow.domain, "domain")
+    if not flow.tenant:
+        return f"{DURABLE}-{domain}"
+    name = f"{DURABLE}-{domain}~{subjects.token(flow.tenant, 'tenant')}"
+    if len(name) <= MAX_DURABLE_LEN:
+        return name
+    return f"{DURABLE}~{hashlib.sha256(f'{domain}.{flow.tenant}'.encode()).hexdigest()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,15 +104,14 @@ async def retire_tier_durable(js: JetStreamContext, stream: str) -> bool:
 
 
 class Backlog:
-    """Tasks per domain in one tier stream, as the last ``STREAM.INFO`` counted them
+    """Tasks per flow in one tier stream, as the last ``STREAM.INFO`` counted them
     (delivered but unacknowledged tasks included: a work queue keeps them until acked)."""
 
     def __init__(self, js: JetStreamContext, stream: str, tier: int) -> None:
         self._js = js
         self._stream = stream
         self._filter = subjects.task_tier(tier)
-        self._prefix = self._filter.removesuffix(">")
-        self.counts: dict[str, int] = {}
+        self.counts: dict[Flow, int] = {}
         self.at = float("-inf")
 
     async def refresh(self, now: float) -> None:
@@ -103,17 +119,27 @@ class Backlog:
         # the request goes unanswered, and the intake should ask again soon, not wait 5 s.
         async with asyncio.timeout(REFRESH_TIMEOUT_S):
             info = await self._js.stream_info(self._stream, subjects_filter=self._filter)
-        counts: dict[str, int] = {}
+        counts: dict[Flow, int] = {}
         for subject, count in (info.state.subjects or {}).items():
-            domain = subject.removeprefix(self._prefix)
-            if count > 0 and domain != subject and "." not in domain:
-                counts[domain] = count
+            flow = _flow_of(subject)
+            if count > 0 and flow is not None:
+                counts[flow] = count
         self.counts = counts
         self.at = now
 
-    def drained(self, domain: str) -> None:
+    def drained(self, flow: Flow) -> None:
         """Its durable had nothing to hand out now (what is left is in flight)."""
-        self.counts.pop(domain, None)
+        self.counts.pop(flow, None)
+
+
+def _flow_of(subject: str) -> Flow | None:
+    """The flow of a task subject; None for a subject no builder makes (the stream takes
+    ``task.<tier>.>``): no durable would ever take its tasks."""
+    try:
+        route = subjects.TaskRoute.parse(subject)
+    except SubjectError:
+        return None
+    return Flow(route.domain, route.tenant)
 
 
 class Wake:
@@ -147,7 +173,7 @@ class Wake:
 
 
 class DomainSource:
-    """The message source of one tier: a :class:`Puller` per domain durable."""
+    """The message source of one tier: a :class:`Puller` per flow's durable."""
 
     def __init__(
         self, nc: NATS, js: JetStreamContext, spec: ConsumerSpec, tier: int, fair: Fairness
@@ -158,13 +184,13 @@ class DomainSource:
         self._tier = tier
         self._fair = fair
         self._backlog = Backlog(js, spec.stream, tier)
-        self._pullers: dict[str, Puller] = {}
+        self._pullers: dict[Flow, Puller] = {}
         #: Open while the tier is idle (nothing in its stream).
         self._wake: Wake | None = None
         self._log = get_logger(stream=spec.stream)
 
     async def fetch(self, count: int, wait_s: float) -> list[Msg]:
-        """Up to ``count`` tasks, fairly across domains; waits up to ``wait_s`` for any."""
+        """Up to ``count`` tasks, fairly across flows; waits up to ``wait_s`` for any."""
         deadline = self._fair.clock() + wait_s
         while True:
             msgs = await self._take(count)
@@ -193,30 +219,31 @@ class DomainSource:
         if self._refresh_due(now):
             await self._backlog.refresh(now)
         quarantine = self._fair.quarantine
-        waiting = [d for d in self._backlog.counts if quarantine.may_start(d, now)]
+        waiting = [f for f in self._backlog.counts if quarantine.may_start(f.domain, now)]
         msgs: list[Msg] = []
         while len(msgs) < count and waiting:
-            domain = self._fair.share.pick(waiting)
-            assert domain is not None  # waiting is not empty
-            got = await (await self._puller(domain)).take_now(1)
+            flow = self._fair.share.pick(waiting)
+            assert flow is not None  # waiting is not empty
+            got = await (await self._puller(flow)).take_now(1)
             if not got:
-                self._backlog.drained(domain)
-                waiting.remove(domain)
+                self._backlog.drained(flow)
+                waiting.remove(flow)
                 continue
-            self._fair.share.started(domain, waiting)
-            quarantine.started(domain, now)
-            if not quarantine.may_start(domain, now):
-                waiting.remove(domain)  # its probe is out: nothing more until it reports
+            self._fair.share.started(flow, waiting)
+            quarantine.started(flow.domain, now)
+            if not quarantine.may_start(flow.domain, now):
+                # Its probe is out: nothing more of any of its tenants until it reports.
+                waiting = [f for f in waiting if f.domain != flow.domain]
             msgs.extend(got)
         return msgs
 
-    async def _puller(self, domain: str) -> Puller:
-        puller = self._pullers.get(domain)
+    async def _puller(self, flow: Flow) -> Puller:
+        puller = self._pullers.get(flow)
         if puller is None:
             spec = ConsumerSpec(
                 stream=self._spec.stream,
-                durable=domain_durable(domain),
-                filter_subject=subjects.task(self._tier, domain),
+                durable=flow_durable(flow),
+                filter_subject=subjects.task(self._tier, flow.domain, flow.tenant),
                 ack_wait_s=self._spec.ack_wait_s,
                 max_deliver=self._spec.max_deliver,
                 max_ack_pending=self._spec.max_ack_pending,
@@ -224,8 +251,10 @@ class DomainSource:
             await ensure_consumer(self._js, spec)
             puller = Puller(self._nc, spec.stream, spec.durable)
             await puller.start()
-            self._pullers[domain] = puller
-            self._log.info("domain_consumer", domain=domain, durable=spec.durable)
+            self._pullers[flow] = puller
+            self._log.info(
+                "domain_consumer", domain=flow.domain, tenant=flow.tenant, durable=spec.durable
+            )
         return puller
 
     async def close(self) -> list[Msg]:

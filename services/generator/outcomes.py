@@ -102,7 +102,8 @@ class Outcomes:
                 await self._give_up(plan.exhausted, plan.reason, delivery)
 
     async def _again(self, task: Task, delivery: Delivery) -> None:
-        # The subject it came on decides its tier, as it did for the first try.
+        # The subject it came on decides its tier, as it did for the first try; its tenant
+        # is the task's (checked on delivery), so the task stays in its tenant's share.
         await self.wiring.bus.publish(
             delivery.subject,
             task,

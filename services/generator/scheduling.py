@@ -1,5 +1,6 @@
-"""A generator's domain scheduling: fair share and quarantine, in-flight counts, and the
-``temper domain`` control requests that change them at run time.
+"""A generator's domain scheduling: fair share (between domains, and between the tenants
+of each) and quarantine, in-flight counts, and the ``temper domain`` control requests
+that change them at run time.
 
 One :class:`DomainScheduler` per generator instance is shared by the intake of every
 tier (:mod:`services.generator.intake`), which asks it whom to take next, and by the
@@ -9,7 +10,7 @@ task handler, which reports each task's start and its rollouts.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -22,15 +23,22 @@ from protocol.messages import (
     RolloutStatus,
     ScoredRollout,
     ScoreStatus,
+    TenantSchedule,
 )
-from services.generator.fairshare import FairShare
+from services.generator.fairshare import FairShare, Flow
 from services.generator.intake import Fairness
-from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings
+from services.generator.quarantine import (
+    DomainState,
+    Quarantine,
+    Quarantined,
+    QuarantineSettings,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulingSettings:
-    #: Floor on a backlogged domain's share of its tier, whatever its weight.
+    #: Floor on a backlogged flow's share of its tier (a domain's, or one tenant's of a
+    #: domain), whatever its weight.
     min_share: float = 0.01
     #: Hold domains whose tool infrastructure keeps failing (see quarantine.py).
     quarantine: bool = True
@@ -94,17 +102,17 @@ class DomainScheduler:
             clock=clock,
         )
         self._clock = clock
-        self._in_flight: Counter[str] = Counter()
+        self._in_flight: Counter[Flow] = Counter()
         #: The validator's infrastructure failures of this instance's rollouts, counted.
         self.judged_failures = 0
 
-    def started(self, domain: str) -> None:
-        self._in_flight[domain] += 1
+    def started(self, flow: Flow) -> None:
+        self._in_flight[flow] += 1
 
-    def finished(self, domain: str) -> None:
-        self._in_flight[domain] -= 1
-        if self._in_flight[domain] <= 0:
-            del self._in_flight[domain]
+    def finished(self, flow: Flow) -> None:
+        self._in_flight[flow] -= 1
+        if self._in_flight[flow] <= 0:
+            del self._in_flight[flow]
 
     def generated(self, domain: str, rollouts: Iterable[Rollout]) -> None:
         """A task's rollouts, before they are published: the validator's report on one
@@ -137,18 +145,39 @@ class DomainScheduler:
     def schedules(self) -> list[DomainSchedule]:
         started = self.share.statistics().started
         held = {q.domain: q for q in self.quarantine.quarantined()}
-        names = sorted({*started, *held, *self._in_flight})
+        flows: dict[str, list[Flow]] = defaultdict(list)
+        for flow in sorted({*started, *self._in_flight}):
+            flows[flow.domain].append(flow)
         return [
-            DomainSchedule(
-                domain=name,
-                state=self.quarantine.state(name).value,
-                share_weight=self.share.weight(name),
-                started=started.get(name, 0),
-                in_flight=self._in_flight.get(name, 0),
-                failure_rate=held[name].failure_rate if name in held else 0.0,
-            )
-            for name in names
+            self._schedule(name, flows.get(name, []), started, held.get(name))
+            for name in sorted(flows.keys() | held.keys())
         ]
+
+    def _schedule(
+        self, domain: str, flows: list[Flow], started: Mapping[Flow, int], held: Quarantined | None
+    ) -> DomainSchedule:
+        tenants = [
+            TenantSchedule(
+                tenant=f.tenant, started=started.get(f, 0), in_flight=self._in_flight.get(f, 0)
+            )
+            for f in flows
+        ]
+        return DomainSchedule(
+            domain=domain,
+            state=self.quarantine.state(domain).value,
+            share_weight=self.share.weight(domain),
+            started=sum(t.started for t in tenants),
+            in_flight=sum(t.in_flight for t in tenants),
+            failure_rate=held.failure_rate if held is not None else 0.0,
+            # Per tenant once the domain had a named one; else the domain's line says it all.
+            tenants=tenants if any(t.tenant for t in tenants) else [],
+        )
+
+    def _domain_in_flight(self) -> Counter[str]:
+        by_domain: Counter[str] = Counter()
+        for flow, count in self._in_flight.items():
+            by_domain[flow.domain] += count
+        return by_domain
 
     def held(self) -> list[str]:
         return [q.domain for q in self.quarantine.quarantined()]
@@ -156,14 +185,14 @@ class DomainScheduler:
     def in_flight(self, limit: int = 5) -> str:
         """``a:3,b:1``: tasks in flight per domain, the busiest ``limit`` (for ``temper
         status``; ``temper domain status`` lists them all)."""
-        busiest = self._in_flight.most_common()
+        busiest = self._domain_in_flight().most_common()
         shown = ",".join(f"{domain}:{count}" for domain, count in busiest[:limit])
         return shown + (f",+{len(busiest) - limit} more" if len(busiest) > limit else "")
 
     def statistics(self) -> dict[str, float]:
         return {
             "quarantined_domains": float(len(self.held())),
-            "domains_in_flight": float(len(self._in_flight)),
+            "domains_in_flight": float(len(self._domain_in_flight())),
             "validator_infra_failures": float(self.judged_failures),
         }
 

@@ -1,10 +1,10 @@
 """Generator service: tasks from the tier streams in, rollouts out, weights kept current.
 
 Tasks are pulled with strict priority (tier 0 first) under one shared concurrency bound,
-and within a tier in weighted fair share between domains, a quarantined domain's tasks
-held in their stream (services.generator.intake, services.generator.scheduling); the
-validator's infrastructure failures of this instance's rollouts, heard on the scored
-subject, count toward that quarantine.
+and within a tier in weighted fair share between domains and between the tenants of
+each, a quarantined domain's tasks held in their stream (services.generator.intake,
+services.generator.scheduling); the validator's infrastructure failures of this
+instance's rollouts, heard on the scored subject, count toward that quarantine.
 A task is acked only once all its rollouts are stored in the rollout stream, each with
 its stable id as ``Nats-Msg-Id``, so a redelivered task republishes nothing new.
 Policy updates are applied by the engine's weight transaction between requests.
@@ -24,6 +24,7 @@ import nats.js.errors
 
 from protocol import streams, subjects
 from protocol.codec import Codec
+from protocol.errors import ProtocolError
 from protocol.messages import (
     DomainControl,
     DomainSchedules,
@@ -40,6 +41,7 @@ from services.domains.retry import RetryPolicy
 from services.generator.admission import StalenessAdmission
 from services.generator.agent import AgentLoop, Outcome
 from services.generator.engine import Engine, EngineError
+from services.generator.fairshare import Flow
 from services.generator.intake import DURABLE, DomainConsumer
 from services.generator.outcomes import Outcomes, RetryPolicies
 from services.generator.preemption import Preemption, Running
@@ -51,7 +53,7 @@ from services.generator.trajectory import LoopLimits
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
-from services.runtime.errors import Defer
+from services.runtime.errors import Defer, Reject
 from services.runtime.jetstream import ConsumerSpec
 from services.runtime.policy import last_policy_update
 from services.runtime.priority import PriorityGate
@@ -199,22 +201,25 @@ class GeneratorService(Service):
     # ------------------------------------------------------------------ tasks
 
     async def _on_task(self, task: Task, delivery: Delivery) -> None:
+        route = _route_of(task, delivery)
         wait_s = (task.not_before or 0.0) - time.time()
         if wait_s > 0:
             raise Defer(wait_s, "retry backoff")
         outcome = Outcome(rollouts=[])
-        self.scheduler.started(task.domain)
-        running = self.preemption.started(id(delivery), task, _tier_of(delivery))
+        flow = Flow(task.domain, task.tenant)
+        self.scheduler.started(flow)
+        running = self.preemption.started(id(delivery), task, route.tier)
         try:
             outcome = await self._generate(task, running)
             self.scheduler.generated(task.domain, outcome.rollouts)
             await self.outcomes.settle(task, outcome, delivery)
         finally:
             self.preemption.finished(id(delivery))
-            self.scheduler.finished(task.domain)
+            self.scheduler.finished(flow)
         self.log.info(
             "task_generated",
             domain=task.domain,
+            tenant=task.tenant,
             samples=len(outcome.rollouts),
             suspended=len(outcome.suspended),
             statuses=sorted({r.status.value for r in outcome.rollouts}),
@@ -429,9 +434,16 @@ class GeneratorService(Service):
         return values
 
 
-def _tier_of(delivery: Delivery) -> int:
-    """The tier of the subject a task came on (``temper.v1.task.<tier>.<domain>``)."""
-    return int(delivery.subject.split(".")[3])
+def _route_of(task: Task, delivery: Delivery) -> subjects.TaskRoute:
+    """The tier, domain and tenant of the subject a task came on.  The subject decided
+    whose share the task was taken in, so a tenant of its own that differs is refused
+    (dead-lettered): it would be counted, and its retries taken, as another's."""
+    try:
+        route = subjects.TaskRoute.parse(delivery.subject)
+        route.check(task)
+    except ProtocolError as error:
+        raise Reject(error.code, error.message, field=error.field) from error
+    return route
 
 
 def _batching_of(engine: Engine) -> dict[str, float]:

@@ -1,6 +1,6 @@
-"""Fair intake on a real nats-server: per-domain durables of a tier stream, taken in weighted
-fair share, a quarantined domain's tasks held in the stream, and the tier-wide durable of
-FIFO intake retired without losing its unacknowledged tasks."""
+"""Fair intake on a real nats-server: per-flow durables of a tier stream (a domain's tasks of
+one tenant), taken in weighted fair share, a quarantined domain's tasks held in the stream,
+and the tier-wide durable of FIFO intake retired without losing its unacknowledged tasks."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from nats.js import JetStreamContext
 from protocol import streams, subjects
 from protocol.codec import Codec, encode
 from protocol.messages import ChatMessage, Task
-from services.generator.fairshare import FairShare
+from services.generator.fairshare import FairShare, Flow
 from services.generator.intake import (
     DURABLE,
+    MAX_DURABLE_LEN,
     DomainSource,
     Fairness,
-    domain_durable,
+    flow_durable,
     retire_tier_durable,
 )
 from services.generator.quarantine import Quarantine, QuarantineSettings
@@ -42,12 +43,15 @@ async def nc(nats_url: str) -> AsyncIterator[NATS]:
         yield conn
 
 
-async def publish(js: JetStreamContext, domain: str, count: int) -> None:
+async def publish(js: JetStreamContext, domain: str, count: int, tenant: str = "") -> None:
     for i in range(count):
         task = Task(
-            id=f"{domain}-{i}", domain=domain, prompt=[ChatMessage(role="user", content=str(i))]
+            id=f"{domain[:8]}-{tenant[:8]}-{i}" if tenant else f"{domain}-{i}",
+            domain=domain,
+            tenant=tenant,
+            prompt=[ChatMessage(role="user", content=str(i))],
         )
-        await js.publish(subjects.task(TIER, domain), encode(task))
+        await js.publish(subjects.task(TIER, domain, tenant), encode(task))
 
 
 async def take(source: DomainSource, count: int) -> list[Msg]:
@@ -66,6 +70,11 @@ def domains(msgs: list[Msg]) -> Counter[str]:
     return Counter(TASKS.decode(m.data).domain for m in msgs)
 
 
+def flows(msgs: list[Msg]) -> Counter[str]:
+    """``domain`` or ``domain/tenant`` per task, as ``str(Flow)`` writes them."""
+    return Counter(str(Flow(t.domain, t.tenant)) for t in map(TASKS.decode, (m.data for m in msgs)))
+
+
 async def test_a_ten_to_one_flood_does_not_starve_the_other_domain(nc: NATS) -> None:
     js = nc.jetstream()
     await publish(js, "flood", 200)
@@ -78,7 +87,33 @@ async def test_a_ten_to_one_flood_does_not_starve_the_other_domain(nc: NATS) -> 
         assert await source.close() == []
     assert domains(first) == {"flood": 20, "quiet": 20}
     names = {c.name for c in await js.consumers_info(STREAM)}
-    assert names == {domain_durable("flood"), domain_durable("quiet")}
+    assert names == {flow_durable(Flow("flood")), flow_durable(Flow("quiet"))}
+
+
+async def test_a_tenant_flood_does_not_starve_another_tenant_of_its_domain(nc: NATS) -> None:
+    """The tenants of a domain split its share of the tier; each flow has a durable the
+    server takes: ``~`` in its name, at the 255-character limit, or past it (a digest)."""
+    js = nc.jetstream()
+    at_limit = Flow("e" * 116, "t" * 128)
+    past_limit = Flow("d" * 128, "t" * 128)
+    await publish(js, "maths", 200, tenant="big")
+    await publish(js, "maths", 20, tenant="small")  # behind the flood in stream order
+    for flow in (at_limit, past_limit):
+        await publish(js, flow.domain, 20, flow.tenant)
+    await publish(js, "code", 60)  # the default tenant
+    source = DomainSource(nc, js, SPEC, TIER, Fairness(share=FairShare(), quarantine=Quarantine()))
+    try:
+        got = flows(await take(source, 40))
+    finally:
+        await source.close()
+    # Four domains, a quarter each; maths's two tenants half of its quarter each.
+    assert got == {"maths/big": 5, "maths/small": 5, "code": 10} | {
+        str(flow): 10 for flow in (at_limit, past_limit)
+    }
+    names = {c.name for c in await js.consumers_info(STREAM)}
+    assert len(flow_durable(at_limit)) == MAX_DURABLE_LEN
+    assert flow_durable(past_limit).startswith(f"{DURABLE}~")
+    assert {flow_durable(at_limit), flow_durable(past_limit), "generator-maths~small"} <= names
 
 
 async def test_weights_set_the_shares(nc: NATS) -> None:

@@ -144,10 +144,11 @@ class TurnTaker(ScriptedTurns):
         return stopped(self._call if made < self._calls else self._answer, request.n)
 
 
-def _tiered(task_id: str, tier: int, *, tools: bool) -> Task:
+def _tiered(task_id: str, tier: int, *, tools: bool, tenant: str = "") -> Task:
     return Task(
         id=task_id,
         domain="steps",
+        tenant=tenant,
         tier=tier,
         prompt=[ChatMessage(role="user", content=f"Work on {task_id}.")],
         tools=["echo"] if tools else [],
@@ -167,7 +168,8 @@ async def test_high_tier_work_takes_the_slot_of_a_running_low_tier_task(
     )
     engine = TurnTaker(ChatTokenizer.load(tiny_model), calls=6, turn_s=0.3)
     async with GeneratorService(settings, engine) as service:
-        await _submit(js, _tiered("long", 3, tools=True))
+        # A named tenant's task: re-queued on its tenant's subject, else refused there.
+        await _submit(js, _tiered("long", 3, tools=True, tenant="acme"))
         async with asyncio.timeout(30):
             while not service.preemption.running():
                 await asyncio.sleep(0.02)
@@ -179,7 +181,7 @@ async def test_high_tier_work_takes_the_slot_of_a_running_low_tier_task(
     [long] = [r for r in tap.got if r.task.id == "long"]
     assert long.status is RolloutStatus.OK and long.finish_reason is FinishReason.STOP
     assert [c.turn for c in long.tool_calls] == list(range(6)), "every turn, once"
-    assert long.id == "long/0"
+    assert long.id == "long/0" and long.task.tenant == "acme"
     if preemption:
         assert order == ["urgent", "long"]
         assert stats["preemptions"] >= 1 and stats["resumes"] >= 1

@@ -69,8 +69,9 @@ async def test_failed_samples_go_again_with_new_ids_in_their_group(
     )
     engine = ToolCaller(ChatTokenizer.load(tiny_model))
     async with GeneratorService(settings, engine) as service:
-        # No sandbox service yet: both samples' tool calls fail on the infrastructure.
-        await _submit(nc.jetstream(), _task("flaky"))
+        # No sandbox service yet: both samples' tool calls fail on the infrastructure.  A
+        # named tenant's task: its retry goes on its tenant's subject, else it is refused.
+        await _submit(nc.jetstream(), msgspec.structs.replace(_task("flaky"), tenant="acme"))
         await _until(lambda: service.outcomes.retried >= 2, timeout_s=30)
         retry_published = time.time()
         assert tap.got == [], "a sample that goes again is not published as failed"
@@ -83,6 +84,7 @@ async def test_failed_samples_go_again_with_new_ids_in_their_group(
         f"flaky/{r.sample_index}@{r.task.attempt}" for r in rollouts
     )
     assert {r.task.id for r in rollouts} == {"flaky"}, "the retry keeps its GRPO group"
+    assert {r.task.tenant for r in rollouts} == {"acme"}
     assert sorted(r.sample_index for r in rollouts) == [0, 1]
     # The first retry waits out its backoff (1 s) before it starts.
     assert min(r.created_at or 0.0 for r in rollouts) >= retry_published + 0.5

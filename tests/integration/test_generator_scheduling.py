@@ -1,5 +1,6 @@
-"""Scheduling in the generator service over a real nats-server: fair share between domains
-under a 10:1 flood (torch engine), a domain quarantined while its sandbox fails, held in
+"""Scheduling in the generator service over a real nats-server: fair share between domains,
+and between the tenants of a domain, under a 10:1 flood (torch engine), a task on another
+tenant's subject dead-lettered, a domain quarantined while its sandbox fails, held in
 its stream, then resumed by a probe once a real sandbox service (Docker) is up, and a
 domain quarantined because the real validator's sandbox fails to judge its rollouts.
 
@@ -22,10 +23,12 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.api import RawStreamMsg
 
+from protocol import headers as h
 from protocol import streams, subjects
 from protocol.client import TemperClient
-from protocol.codec import Codec
+from protocol.codec import Codec, encode
 from protocol.errors import DecodeError
 from protocol.messages import (
     ChatMessage,
@@ -48,7 +51,7 @@ from services.sandbox.settings import Limits, SandboxSettings
 from services.validator import ValidatorService
 from tests.engines import ScriptedTurns, occurrences, stopped
 from tests.integration import test_generator_service
-from tests.integration.support import Inbox, counter, stream_count
+from tests.integration.support import Inbox, counter, stream_count, stream_entries
 from tests.integration.test_generator_service import RolloutTap, _settings, _submit
 from tests.integration.test_validator_service import settings as validator_settings
 
@@ -57,10 +60,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TIER = 1
 
 
-def _task(task_id: str, domain: str, *, tools: tuple[str, ...] = ()) -> Task:
+def _task(task_id: str, domain: str, *, tools: tuple[str, ...] = (), tenant: str = "") -> Task:
     return Task(
         id=task_id,
         domain=domain,
+        tenant=tenant,
         tier=TIER,
         prompt=[ChatMessage(role="user", content=f"Say {task_id}.")],
         sampling=SamplingParams(max_tokens=4, seed=1),
@@ -105,6 +109,43 @@ async def _details_while_busy(service: GeneratorService) -> list[str]:
                 details.append(service.health()[1])
                 await asyncio.sleep(0.01)
     return details
+
+
+async def test_a_tenant_flood_does_not_starve_another_tenant_of_the_domain(
+    nats_url: str, nc: NATS, tap: RolloutTap, tiny_model: Path
+) -> None:
+    js = nc.jetstream()
+    await ensure_streams(js, streams.ALL)
+    # On big's subject but saying small: refused, never counted as either's task.
+    stray = _task("stray", "maths", tenant="small")
+    await js.publish(subjects.task(TIER, "maths", "big"), encode(stray))
+    # The flood is in the stream first: in stream order the small tenant would come last.
+    for i in range(100):
+        await _submit(js, _task(f"big-{i}", "maths", tenant="big"))
+    for i in range(10):
+        await _submit(js, _task(f"small-{i}", "maths", tenant="small"))
+    async with GeneratorService(_settings(nats_url, tiny_model)) as service:
+        await tap.wait(20, timeout_s=120)
+        first = [r.task.tenant for r in tap.got[:20]]
+        [maths] = service.scheduler.schedules()
+        [dead] = await _dead_letters(nc, 1)
+    # One domain, two tenants waiting: half of its starts each (in flight: 2 at a time).
+    assert 8 <= first.count("small") <= 12, first
+    tenants = {t.tenant: t for t in maths.tenants}
+    assert set(tenants) == {"big", "small"} and tenants["small"].started >= 8
+    assert maths.started == sum(t.started for t in maths.tenants)
+    hdrs = dead.headers or {}
+    assert (hdrs[h.DLQ_CODE], hdrs[h.DLQ_FIELD]) == ("validation", "$.tenant")
+    assert "task 'stray' has tenant 'small'" in hdrs[h.DLQ_REASON]
+    assert hdrs[h.DLQ_SUBJECT] == subjects.task(TIER, "maths", "big")
+
+
+async def _dead_letters(nc: NATS, count: int, timeout_s: float = 30.0) -> list[RawStreamMsg]:
+    js = nc.jetstream()
+    async with asyncio.timeout(timeout_s):
+        while len(entries := await stream_entries(js, streams.DEAD_LETTERS.name)) < count:
+            await asyncio.sleep(0.1)
+    return entries
 
 
 class ToolCaller(ScriptedTurns):

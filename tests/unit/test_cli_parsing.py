@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import ChatMessage, SamplingParams, Task
+from protocol.messages import (
+    ChatMessage,
+    DomainSchedule,
+    DomainSchedules,
+    SamplingParams,
+    Task,
+    TenantSchedule,
+)
 from protocol.packed import pack_i32
 from services import registry
 from services.cli import build_parser, main
 from services.cli.common import CliError
+from services.cli.domain_control import describe
 from services.cli.messages import parse_task, read_tasks
 
 COMMANDS = (
@@ -82,6 +90,31 @@ def test_explicit_fields_are_kept() -> None:
     )
 
 
+def test_a_tenant_is_read_and_none_is_the_default_tenant() -> None:
+    assert parse_task('{"domain": "math", "prompt": "x", "tenant": "acme"}', 1).tenant == "acme"
+    assert parse_task('{"domain": "math", "prompt": "x"}', 1).tenant == ""
+
+
+def test_domain_status_lists_the_tenants_of_a_domain_that_has_them() -> None:
+    tenants = [TenantSchedule(tenant="", started=2), TenantSchedule(tenant="acme", started=9)]
+    answer = DomainSchedules(
+        instance="g1",
+        domains=[
+            DomainSchedule(domain="maths", started=11, in_flight=1, tenants=tenants),
+            DomainSchedule(domain="code", started=3),
+        ],
+    )
+    lines = describe([answer])
+    assert [line.split()[:3] for line in lines[1:]] == [
+        ["maths", "active", "weight"],
+        ["(default", "tenant)", "started"],
+        ["acme", "started", "9"],
+        ["code", "active", "weight"],
+    ]
+    # The tenants' counts line up under their domain's.
+    assert {line.index("started") for line in lines[1:]} == {lines[1].index("started")}
+
+
 def test_prompt_tokens_list_is_packed() -> None:
     task = parse_task('{"id": "tok", "domain": "math", "prompt_tokens": [1, 2, -3, 2147483647]}', 1)
     assert task.prompt_tokens == pack_i32([1, 2, -3, 2**31 - 1])
@@ -101,6 +134,7 @@ def test_prompt_tokens_list_is_packed() -> None:
         ('{"domain": "math", "prompt": "x", "n": 0}', "(at $.n)"),
         ('{"domain": "math", "prompt": "x", "n": "8"}', "Expected `int`, got `str` (at $.n)"),
         ('{"domain": "two words", "prompt": "x"}', "(at $.domain)"),
+        ('{"domain": "math", "prompt": "x", "tenant": "a.b"}', "(at $.tenant)"),
         ('{"domain": "math", "prompt": "x", "tier": 9}', "(at $.tier)"),
         ('{"domain": "math", "prompt": "x", "sampling": {"top_p": 0}}', "(at $.sampling.top_p)"),
         (

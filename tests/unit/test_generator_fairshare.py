@@ -1,4 +1,5 @@
-"""Weighted fair share between domains, and flaky-domain quarantine (pure bookkeeping)."""
+"""Weighted fair share between domains and between the tenants of a domain, and
+flaky-domain quarantine (pure bookkeeping)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,29 @@ from collections import Counter, deque
 
 import pytest
 
-from services.generator.fairshare import FairShare
+from protocol import SubjectError
+from services.generator.fairshare import FairShare, Flow
 from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings
 
 
+def flow(label: str) -> Flow:
+    """``"d"``: domain d's default tenant; ``"d/t"``: its tenant t (as ``str(Flow)``)."""
+    domain, _, tenant = label.partition("/")
+    return Flow(domain, tenant)
+
+
 def run(share: FairShare, queues: dict[str, int], starts: int) -> Counter[str]:
-    """Start ``starts`` tasks from queues of the given lengths; starts per key."""
-    left = dict(queues)
+    """Start ``starts`` tasks from queues of the given lengths; starts per flow label."""
+    left = {flow(label): count for label, count in queues.items()}
     got: Counter[str] = Counter()
     for _ in range(starts):
-        backlogged = [k for k, n in left.items() if n > 0]
-        key = share.pick(backlogged)
-        if key is None:
+        backlogged = [f for f, n in left.items() if n > 0]
+        chosen = share.pick(backlogged)
+        if chosen is None:
             break
-        share.started(key, backlogged)
-        left[key] -= 1
-        got[key] += 1
+        share.started(chosen, backlogged)
+        left[chosen] -= 1
+        got[str(chosen)] += 1
     return got
 
 
@@ -59,7 +67,7 @@ def test_weight_change_applies_to_the_next_starts() -> None:
     share.set_weight("b", 4.0)
     got = run(share, {"a": 10_000, "b": 10_000}, starts=100)
     assert got == {"a": 20, "b": 80}
-    assert share.statistics().started == {"a": 70, "b": 130}
+    assert share.statistics().started == {Flow("a"): 70, Flow("b"): 130}
 
 
 def test_nothing_backlogged_picks_nothing_and_bad_weights_are_named() -> None:
@@ -68,6 +76,82 @@ def test_nothing_backlogged_picks_nothing_and_bad_weights_are_named() -> None:
         FairShare({"x": 0.0})
     with pytest.raises(ValueError, match="min_share"):
         FairShare(min_share=1.0)
+
+
+# ---------------------------------------------------------------- tenants
+
+
+@pytest.mark.parametrize("flood", ["maths/a", "maths"], ids=["named", "default"])
+def test_a_ten_to_one_tenant_flood_leaves_the_other_tenant_its_half(flood: str) -> None:
+    """Two tenants of one domain (the flood a named or the default tenant) share it
+    equally while both wait, as two domains would."""
+    got = run(FairShare(), {flood: 10_000, "maths/b": 1_000}, starts=2_000)
+    assert got == {flood: 1_000, "maths/b": 1_000}
+
+
+def test_tenants_split_their_domain_and_the_domains_keep_their_shares() -> None:
+    queues = {"x/a": 10_000, "x/b": 1_000, "y/a": 10_000, "y/b": 1_000}
+    got = run(FairShare({"x": 3.0, "y": 1.0}), queues, starts=800)
+    assert got == {"x/a": 300, "x/b": 300, "y/a": 100, "y/b": 100}
+    # However many tenants a domain has, the domains share the tier by weight.
+    got = run(FairShare(), {"x/a": 10_000, "x/b": 10_000, "x/c": 10_000, "y": 10_000}, 600)
+    assert got == {"x/a": 100, "x/b": 100, "x/c": 100, "y": 300}
+
+
+def test_a_tenant_that_stops_waiting_leaves_its_part_to_its_domain() -> None:
+    got = run(FairShare(), {"x/a": 100, "x/b": 10_000, "y": 10_000}, starts=1_000)
+    # A quarter each to x/a and x/b while x/a waits (400 starts), then half to x/b.
+    assert got["x/a"] == 100 and abs(got["x/b"] - 400) <= 2
+    assert abs(got["x/a"] + got["x/b"] - got["y"]) <= 4, "x keeps its half"
+
+
+def test_min_share_is_a_floor_for_each_tenant() -> None:
+    weights = {"big": 1.0, "tiny": 0.001}
+    queues = {"big": 10_000, "tiny/a": 10_000, "tiny/b": 10_000}
+    plain = run(FairShare(weights), queues, starts=1_000)
+    floored = run(FairShare(weights, min_share=0.05), queues, starts=1_000)
+    assert plain["tiny/a"] <= 1 and plain["tiny/b"] <= 1
+    # Each tenant: 5% of the flows' total (1.001), against big's 1.
+    assert 40 <= floored["tiny/a"] <= 60 and 40 <= floored["tiny/b"] <= 60
+
+
+def test_each_flow_has_its_own_valid_durable() -> None:
+    from services.generator.intake import MAX_DURABLE_LEN, flow_durable
+
+    assert flow_durable(Flow("maths")) == "generator-maths", "as before tenants"
+    assert flow_durable(Flow("maths", "acme")) == "generator-maths~acme"
+    flows = [
+        Flow("a-b", "c"),
+        Flow("a", "b-c"),
+        Flow("a", "b"),
+        Flow("a-b"),
+        Flow("d" * 128, "t" * 128),
+        Flow("d" * 128, "t" * 127 + "u"),
+        Flow("d" * 128, "t"),
+    ]
+    names = [flow_durable(f) for f in flows]
+    assert len(set(names)) == len(names)
+    for name in names:
+        # The server refuses these in a consumer name; it becomes a subject token.
+        assert len(name) <= MAX_DURABLE_LEN and not set(name) & set(" .*>/\\")
+    with pytest.raises(SubjectError, match=r"tenant 'a\.b'"):
+        flow_durable(Flow("maths", "a.b"))
+
+
+def test_domain_status_counts_each_tenant_of_a_domain_with_tenants() -> None:
+    from services.generator.scheduling import DomainScheduler, SchedulingSettings
+
+    scheduler = DomainScheduler(SchedulingSettings(), {})
+    for label in ("x", "x/acme", "x/acme", "y"):
+        scheduler.share.started(flow(label))
+        scheduler.started(flow(label))
+    scheduler.finished(Flow("x", "acme"))
+    x, y = scheduler.schedules()
+    assert (x.domain, x.started, x.in_flight) == ("x", 3, 2)
+    tenants = [(t.tenant, t.started, t.in_flight) for t in x.tenants]
+    assert tenants == [("", 1, 1), ("acme", 2, 1)]
+    assert (y.domain, y.started, y.in_flight, y.tenants) == ("y", 1, 1, [])
+    assert scheduler.in_flight() == "x:2,y:1"
 
 
 # ---------------------------------------------------------------- quarantine
@@ -142,14 +226,14 @@ def test_fair_share_skips_held_domains_and_keeps_serving_the_rest() -> None:
     """The two together, as the intake will use them: held domains are not backlogged."""
     share, q = FairShare(), Quarantine(SETTINGS)
     now = feed(q, "broken", "x" * 10)
-    started: deque[str] = deque()
+    started: deque[Flow] = deque()
     for _ in range(20):
-        backlogged = [d for d in ("broken", "fine") if q.allows(d, now)]
-        key = share.pick(backlogged)
-        assert key is not None
-        share.started(key, backlogged)
-        started.append(key)
-    assert set(started) == {"fine"}
+        backlogged = [Flow(d) for d in ("broken", "fine") if q.allows(d, now)]
+        chosen = share.pick(backlogged)
+        assert chosen is not None
+        share.started(chosen, backlogged)
+        started.append(chosen)
+    assert set(started) == {Flow("fine")}
 
 
 def test_the_scheduler_names_the_busiest_domains_in_flight() -> None:
@@ -159,9 +243,9 @@ def test_the_scheduler_names_the_busiest_domains_in_flight() -> None:
     assert scheduler.in_flight() == ""
     for domain, count in [("a", 1), ("b", 3), ("c", 2), ("d", 1), ("e", 1), ("f", 1)]:
         for _ in range(count):
-            scheduler.started(domain)
+            scheduler.started(Flow(domain))
     assert scheduler.in_flight(limit=2) == "b:3,c:2,+4 more"
-    scheduler.finished("b")
-    scheduler.finished("b")
-    scheduler.finished("b")
+    scheduler.finished(Flow("b"))
+    scheduler.finished(Flow("b"))
+    scheduler.finished(Flow("b"))
     assert scheduler.in_flight(limit=10) == "c:2,a:1,d:1,e:1,f:1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -466,6 +467,23 @@ def test_inconsistent_packed_arrays(change: Callable[[dict[str, Any]], None], fi
 def test_ids_and_domains_must_be_subject_tokens(name: str, bad: str) -> None:
     error = decode_error(ANY, pack({**minimal_task(), name: bad}))
     assert (error.code, error.field) == (ErrorCode.VALIDATION, f"$.{name}")
+
+
+def test_a_task_without_tenant_decodes_as_the_default_tenant() -> None:
+    """Writers from before tenants send no ``tenant`` (nor does the golden task)."""
+    golden = (Path(__file__).parents[1] / "golden" / "v1" / "task.msgpack").read_bytes()
+    for data in (pack(minimal_task()), golden):
+        assert "tenant" not in msgpack.unpackb(data, raw=False)
+        for codec in (ANY, Codec(Task)):
+            decoded = codec.decode(data)
+            assert isinstance(decoded, Task) and decoded.tenant == ""
+
+
+@pytest.mark.parametrize("bad", ["a.b", "a b", "*", ">", "-x", "_x", "a\n", "é", "a" * 129, 7])
+def test_a_tenant_is_a_subject_token_or_empty(bad: object) -> None:
+    error = decode_error(ANY, pack({**minimal_task(), "tenant": bad}))
+    assert (error.code, error.field) == (ErrorCode.VALIDATION, "$.tenant")
+    assert Codec(Task).decode(pack({**minimal_task(), "tenant": "acme-1"})).tenant == "acme-1"
 
 
 @pytest.mark.parametrize("good", ["a", "A-1_b", "0" * 128, "task-0001"])

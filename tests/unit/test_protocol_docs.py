@@ -84,10 +84,12 @@ def test_every_stream_is_documented(spec: streams.StreamSpec) -> None:
 
 
 def placeholder_subjects() -> list[str]:
-    """Every builder's output with its arguments shown as the doc's placeholders."""
+    """Every builder's output with its arguments shown as the doc's placeholders, with and
+    without its optional arguments (a task of the default tenant and of another)."""
     args = {
         "tier": 0,
         "domain": "DOMAIN",
+        "tenant": "TENANT",
         "task_id": "TASKID",
         "service": "SERVICE",
         "source": "SOURCE",
@@ -95,6 +97,7 @@ def placeholder_subjects() -> list[str]:
     }
     names = {
         "DOMAIN": "<domain>",
+        "TENANT": "<tenant>",
         "TASKID": "<task_id>",
         "SERVICE": "<service>",
         "SOURCE": "<source>",
@@ -104,10 +107,13 @@ def placeholder_subjects() -> list[str]:
     for name, function in inspect.getmembers(subjects, inspect.isfunction):
         if function.__module__ != subjects.__name__ or name.startswith("_") or name == "token":
             continue
-        subject = function(*(args[p] for p in inspect.signature(function).parameters))
-        for value, placeholder in names.items():
-            subject = subject.replace(value, placeholder)
-        out.append(re.sub(r"^(temper\.v1\.task)\.0(?=\.)", r"\1.<tier>", subject))
+        params = inspect.signature(function).parameters
+        required = [p for p, v in params.items() if v.default is inspect.Parameter.empty]
+        for given in dict.fromkeys([tuple(params), tuple(required)]):
+            subject = function(*(args[p] for p in given))
+            for value, placeholder in names.items():
+                subject = subject.replace(value, placeholder)
+            out.append(re.sub(r"^(temper\.v1\.task)\.0(?=\.)", r"\1.<tier>", subject))
     return out
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from protocol import TIERS, SubjectError, streams, subjects
-from protocol.errors import ErrorCode
+from protocol import TIERS, SubjectError, Task, streams, subjects
+from protocol.errors import ErrorCode, SubjectMismatch
 
 BAD_TOKENS = [".", "a.b", "*", ">", "a*", "a>", " ", "a b", "", "a\n", "a\tb", "é", "-a", "x" * 129]
 #: A concrete subject: dot-separated tokens, no wildcards, no whitespace.
@@ -34,6 +34,7 @@ def sample_args(function: Callable[..., str]) -> list[object]:
         "service": "generator",
         "source": "TEMPER_ROLLOUTS",
         "instance": "sandbox-0",
+        "tenant": "acme",
     }
     return [values[name] for name in inspect.signature(function).parameters]
 
@@ -103,6 +104,70 @@ def test_bad_tokens_are_refused(build: Callable[[str], str], bad: str) -> None:
 def test_non_string_token_is_refused() -> None:
     with pytest.raises(SubjectError):
         subjects.token(5)  # type: ignore[arg-type]
+
+
+def test_a_tenant_is_one_more_token_and_the_default_tenant_none() -> None:
+    assert subjects.task(1, "math", "") == subjects.task(1, "math") == "temper.v1.task.1.math"
+    assert subjects.task(1, "math", "acme") == "temper.v1.task.1.math.acme"
+    assert CONCRETE.match(subjects.task(1, "math", "acme"))
+    # The tier's stream and its filter take both forms.
+    assert subjects.task(1, "math", "acme").startswith(subjects.task_tier(1)[:-1])
+
+
+@pytest.mark.parametrize("bad", [t for t in BAD_TOKENS if t])
+def test_bad_tenants_are_refused_by_name(bad: str) -> None:
+    with pytest.raises(SubjectError, match=rf"^tenant {re.escape(repr(bad))} cannot be"):
+        subjects.task(0, "math", bad)
+
+
+@pytest.mark.parametrize("tenant", ["", "acme"])
+@pytest.mark.parametrize("tier", range(TIERS))
+def test_a_task_route_reads_what_task_builds(tier: int, tenant: str) -> None:
+    route = subjects.TaskRoute.parse(subjects.task(tier, "math", tenant))
+    assert route == subjects.TaskRoute(tier, "math", tenant)
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "temper.v1.task.1",
+        "temper.v1.task.1.math.acme.more",
+        "temper.v1.task.x.math",
+        "temper.v1.task.01.math",
+        f"temper.v1.task.{TIERS}.math",
+        "temper.v1.task.1.math.",
+        "temper.v1.task.1..acme",
+        "temper.v1.rollout.math",
+        "temper.v2.task.1.math",
+    ],
+)
+def test_a_task_route_refuses_what_task_never_builds(subject: str) -> None:
+    with pytest.raises(SubjectError):
+        subjects.TaskRoute.parse(subject)
+
+
+def _task(domain: str = "math", tenant: str = "", tier: int = 1) -> Task:
+    return Task(id="t1", domain=domain, tenant=tenant, tier=tier, prompt_tokens=b"\x01\0\0\0")
+
+
+@pytest.mark.parametrize(
+    ("said", "got"), [("acme", "other"), ("acme", ""), ("", "acme")], ids=["other", "to", "from"]
+)
+def test_a_task_on_another_tenants_subject_is_refused(said: str, got: str) -> None:
+    route = subjects.TaskRoute.parse(subjects.task(1, "math", said))
+    with pytest.raises(SubjectMismatch) as caught:
+        route.check(_task(tenant=got))
+    error = caught.value
+    assert (error.code, error.field) == (ErrorCode.VALIDATION, "$.tenant")
+    shown = repr(got) if got else "'' (the default tenant)"
+    subject = subjects.task(1, "math", said)
+    assert f"task 't1' has tenant {shown} but came on {subject}" in str(error)
+
+
+def test_domain_and_tier_are_not_compared_with_the_subjects() -> None:
+    """v1 readers never compared them (the subject decides): still so."""
+    route = subjects.TaskRoute.parse(subjects.task(0, "math", "acme"))
+    route.check(_task(domain="code", tenant="acme", tier=3))
 
 
 @pytest.mark.parametrize("tier", range(TIERS))
