@@ -158,12 +158,6 @@ class Wake:
 
         return cls(await nc.subscribe(subject, cb=on_task), published)
 
-    def fired(self) -> bool:
-        """Whether a task was published since the last look (and clears that)."""
-        published = self._published.is_set()
-        self._published.clear()
-        return published
-
     async def wait(self, timeout_s: float) -> bool:
         """True once a task was published (and clears that), False after the timeout."""
         with contextlib.suppress(TimeoutError):
@@ -199,27 +193,22 @@ class DomainSource:
         """Up to ``count`` tasks, fairly across flows; waits up to ``wait_s`` for any."""
         deadline = self._fair.clock() + wait_s
         while True:
-            if self._wake is not None and self._wake.fired():
-                self._backlog.at = float("-inf")  # published while no fetch was waiting
             msgs = await self._take(count)
-            if msgs:
-                await self._busy()
-                return msgs
-            if self._wake is None:
-                # Idle from now: listen, and ask once more, so that no publish is missed.
-                self._wake = await Wake.open(self._nc, subjects.task_tier(self._tier))
-                self._backlog.at = float("-inf")
-                continue
+            if msgs and self._wake is not None:
+                await self._wake.close()  # busy: no copies of every task needed
+                self._wake = None
             left = deadline - self._fair.clock()
-            if left <= 0:
+            if msgs or left <= 0:
                 return msgs
-            if await self._wake.wait(left):
-                self._backlog.at = float("-inf")
+            await self._wait(left)
 
-    async def _busy(self) -> None:
-        if self._wake is not None:
-            await self._wake.close()  # busy: no copies of every task needed
-            self._wake = None
+    async def _wait(self, left: float) -> None:
+        """Nothing could be taken: wait for a publish on the tier (or ``left`` seconds)."""
+        if self._wake is None:
+            self._wake = await Wake.open(self._nc, subjects.task_tier(self._tier))
+            self._backlog.at = float("-inf")  # ask once more: from now on no publish is missed
+        elif await self._wake.wait(left):
+            self._backlog.at = float("-inf")
 
     def _refresh_due(self, now: float) -> bool:
         every = self._fair.refresh_s if self._wake is None else self._fair.idle_refresh_s

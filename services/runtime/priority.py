@@ -3,13 +3,10 @@
 One consumer per tier stream shares a :class:`PriorityGate`.  Fetches are taken one at a
 time, which keeps the shared capacity exact (no two tiers can each fetch the last free
 slot).  The turn goes to the highest tier that may fetch; a tier whose last fetch came
-back empty lets the others go first until some fetch finds work again.  While a tier
-that has not had its turn in this round waits, a fetch takes only what is there now
-(no wait): a freed slot passes the idle tiers above a busy one at once instead of after
-a poll of each.  The last tier of a round, with only tiers that found nothing waiting,
-polls briefly (``SHORT_POLL_S`` per tier: the round's length before), so an idle gate
-does not spin.  A tier counts as busy (holding lower tiers back) from a fetch that
-returned work until one that returned none, and from the start until its first fetch.
+back empty lets the others go first until some fetch finds work again, and polls only
+briefly while others wait, so an idle high tier costs the lower ones little.  A tier
+counts as busy (holding lower tiers back) from a fetch that returned work until one that
+returned none, and from the start until its first fetch.
 """
 
 from __future__ import annotations
@@ -79,16 +76,9 @@ class PriorityGate:
         if self._closed:
             return Admission(slots=0, wait_s=0.0)
         self._fetching = True
+        others = bool(self._waiting)
         slots = min(wanted, self.capacity - self._in_flight)
-        return Admission(slots=slots, wait_s=self._wait_for(wait_s))
-
-    def _wait_for(self, wait_s: float) -> float:
-        """How long the admitted fetch may wait for messages (see the module docstring)."""
-        if any(not self._yielded[t] for t in self._waiting):
-            return 0.0
-        if self._waiting:
-            return min(wait_s, SHORT_POLL_S * self.tiers)
-        return wait_s
+        return Admission(slots=slots, wait_s=min(wait_s, SHORT_POLL_S) if others else wait_s)
 
     def fetched(self, tier: int, got: int) -> None:
         """The admitted fetch returned ``got`` messages, now in flight."""

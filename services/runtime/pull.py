@@ -89,8 +89,8 @@ class Puller:
         connection errors when the request cannot be sent.
         """
         taken = await self.take_now(count)
-        if taken or wait_s <= 0:
-            return taken  # no lingering request: JetStream reads an expiry of 0 as never
+        if taken:
+            return taken
         expires = int(wait_s * 1e9)
         await self._request(PullRequest(batch=count, expires=expires), wait_s)
         taken, self._got = self._got[:count], self._got[count:]

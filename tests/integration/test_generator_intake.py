@@ -4,7 +4,6 @@ and the tier-wide durable of FIFO intake retired without losing its unacknowledg
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -203,27 +202,3 @@ async def test_an_idle_tier_waits_for_a_publish_instead_of_polling(nc: NATS) -> 
         await watch.unsubscribe()
         await source.close()
     assert idle == 2, f"{idle} backlog requests in 2 s of idling"
-
-
-async def test_an_idle_tier_answers_a_no_wait_fetch_at_once_and_sees_a_later_publish(
-    nc: NATS,
-) -> None:
-    """A fetch without a wait (another tier is next) takes what is there and leaves the
-    tier listening: a task published between two such fetches is taken by the next one,
-    with the idle refresh far beyond the test."""
-    fair = Fairness(share=FairShare({}), quarantine=Quarantine(), idle_refresh_s=600.0)
-    source = DomainSource(nc, nc.jetstream(), SPEC, TIER, fair)
-    try:
-        for _ in range(3):
-            assert await source.fetch(1, 0.0) == []
-        await publish(nc.jetstream(), "between", 1)
-        await nc.flush()
-        got: list[Msg] = []
-        async with asyncio.timeout(10):
-            while not got:  # the publish reaches the tier's listener a moment later
-                got = await source.fetch(1, 0.0)
-                await asyncio.sleep(0.01)
-        assert domains(got) == Counter({"between": 1})
-        await got[0].ack()
-    finally:
-        await source.close()

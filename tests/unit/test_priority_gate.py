@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.runtime.priority import Admission, PriorityGate
+from services.runtime.priority import PriorityGate
 
 
 class Sim:
@@ -134,40 +134,3 @@ async def test_a_tier_said_to_have_work_gets_the_next_free_slot() -> None:
 def test_gate_needs_a_tier_and_a_slot() -> None:
     with pytest.raises(ValueError, match="at least one"):
         PriorityGate(0, 1)
-
-
-async def test_a_freed_slot_passes_idle_higher_tiers_without_their_polls() -> None:
-    gate = PriorityGate(4, 1)
-    gate.fetched(3, 1)  # the slot is taken: every tier waits for it
-    waits: dict[int, float] = {}
-
-    async def turn(tier: int, got: int) -> None:
-        admission = await gate.admit(tier, 1, 1.0)
-        waits[tier] = admission.wait_s
-        gate.fetched(tier, got)
-
-    turns = [asyncio.create_task(turn(t, 1 if t == 3 else 0)) for t in range(4)]
-    await asyncio.sleep(0)
-    gate.finished()
-    await asyncio.gather(*turns)
-    # Tiers 0-2 take what is there, no wait; tier 3, the last, alone, may wait its full time.
-    assert waits == {0: 0.0, 1: 0.0, 2: 0.0, 3: 1.0}
-
-
-async def test_an_idle_gate_does_not_spin() -> None:
-    sim = Sim(tiers=4, capacity=2)
-    admitted = 0
-    admit = sim.gate.admit
-
-    async def counted(tier: int, wanted: int, wait_s: float) -> Admission:
-        nonlocal admitted
-        admitted += 1
-        return await admit(tier, wanted, wait_s)
-
-    sim.gate.admit = counted  # type: ignore[method-assign]
-    consumers = [asyncio.create_task(sim.consumer(t)) for t in range(4)]
-    await asyncio.sleep(0.5)  # nothing anywhere: the last tier of each round polls briefly
-    sim.gate.close()
-    await asyncio.gather(*consumers)
-    # Rounds of 0.05 s (the Sim's wait): about 40 fetches in 0.5 s, not thousands.
-    assert 8 <= admitted < 120, admitted
