@@ -201,7 +201,7 @@ def high_task(index: int, work: Workload, prompt: Task) -> Task:
 
 async def submit(nc: NATS, task: Task) -> None:
     await nc.jetstream().publish(
-        subjects.task(task.tier, task.domain, task.tenant),
+        subjects.of_task(task),
         encode(task),
         headers={"Nats-Msg-Id": task.id},
     )

@@ -40,6 +40,11 @@ def task(tier: int, domain: str, tenant: str = "") -> str:
     return f"{subject}.{token(tenant, 'tenant')}" if tenant else subject
 
 
+def of_task(message: Task) -> str:
+    """The subject ``message`` is published on: its tier, domain and tenant."""
+    return task(message.tier, message.domain, message.tenant)
+
+
 def task_tier(tier: int) -> str:
     """Filter matching every task of one tier."""
     return f"{PREFIX}.task.{_tier(tier)}.>"

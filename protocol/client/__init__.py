@@ -232,7 +232,7 @@ class TemperClient:
         return [r for r in results if isinstance(r, Receipt)]
 
     def _prepare(self, task: Task, trace_id: str | None, msg_id: str | None) -> _Outgoing:
-        subject = subjects.task(task.tier, task.domain, task.tenant)
+        subject = subjects.of_task(task)
         payload = _TASK.encode(task)
         _TASK.decode(payload)  # Enforce the schema's constraints before a service has to reject it.
         trace = headers.clean(trace_id or headers.new_trace_id())

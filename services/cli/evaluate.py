@@ -180,7 +180,7 @@ async def _run_suite(settings: StackSettings, suite: EvalSuite, timeout_s: float
             await nc.subscribe(subjects.scored_all(), cb=on_scored)
             js = nc.jetstream()
             for task in suite.tasks():
-                subject = subjects.task(task.tier, task.domain, task.tenant)
+                subject = subjects.of_task(task)
                 await js.publish(subject, encode(task), headers={"Nats-Msg-Id": task.id})
             await _until_done(suite, started + timeout_s)
         finally:

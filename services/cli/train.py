@@ -385,7 +385,7 @@ class Feeder:
         js = self._nc.jetstream()
         for task in self._tasks(missing):
             await js.publish(
-                subjects.task(task.tier, task.domain, task.tenant),
+                subjects.of_task(task),
                 encode(task),
                 headers={"Nats-Msg-Id": task.id},
             )

@@ -61,7 +61,7 @@ class HeldoutRunner:
         for task in self.heldout.tasks(prefix, self.samples):
             # Stamped at submission: the tiered report's latency runs from here to scoring.
             task = msgspec.structs.replace(task, created_at=time.time())
-            subject = subjects.task(task.tier, task.domain, task.tenant)
+            subject = subjects.of_task(task)
             await js.publish(subject, encode(task), headers={"Nats-Msg-Id": task.id})
 
     async def _on_scored(self, msg: Msg) -> None:

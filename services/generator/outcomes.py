@@ -79,14 +79,14 @@ class Outcomes:
     async def settle(self, task: Task, outcome: Outcome, delivery: Delivery) -> None:
         """Store the rollouts, except failed samples that go again: their retry is
         published instead, as is the rest of a preempted task."""
-        wiring = self.wiring
-        policy = wiring.policies.of(task.domain)
-        plan = retries.plan(task, outcome.rollouts, policy, time.time(), outcome.checkpoints)
-        trace_id = delivery.trace_id or None
         if outcome.handed_back:
             await self._again(retries.handed_back(task), delivery)
             self.handed_back += 1
             return
+        wiring = self.wiring
+        policy = wiring.policies.of(task.domain)
+        plan = retries.plan(task, outcome.rollouts, policy, time.time(), outcome.checkpoints)
+        trace_id = delivery.trace_id or None
         if outcome.suspended:
             await self._requeue(task, outcome.suspended, delivery)
         with self._stages.stage("publish"):

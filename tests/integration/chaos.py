@@ -171,7 +171,7 @@ async def submit(nc: NATS, tasks: list[Task], timeout_s: float = 60.0) -> None:
         while True:
             try:
                 await js.publish(
-                    subjects.task(task.tier, task.domain, task.tenant),
+                    subjects.of_task(task),
                     encode(task),
                     headers={"Nats-Msg-Id": task.id},
                     timeout=2.0,

@@ -59,7 +59,7 @@ def _task(task_id: str, *, tier: int = 1, n: int = 2, domain: str = "arith") -> 
 
 async def _submit(js: object, task: Task) -> None:
     await js.publish(  # type: ignore[attr-defined]
-        subjects.task(task.tier, task.domain, task.tenant),
+        subjects.of_task(task),
         encode(task),
         headers={"Nats-Msg-Id": task.id},
     )

@@ -90,7 +90,7 @@ async def test_policy_versions_flow_back_to_the_generator(
                 while not any((s.rollout.policy_version or 0) >= 1 for s in scored):
                     for task in _tasks(4, seed=next(rounds)):
                         await js.publish(
-                            subjects.task(task.tier, task.domain, task.tenant),
+                            subjects.of_task(task),
                             encode(task),
                             headers={"Nats-Msg-Id": task.id},
                         )

@@ -212,9 +212,7 @@ async def generate_all(nats_url: str, policy: Path, urls: list[str], logs: Path)
         await nc.subscribe(subjects.rollouts(), cb=on_rollout)
         await nc.flush()
         for task in tasks():
-            await nc.jetstream().publish(
-                subjects.task(task.tier, task.domain, task.tenant), encode(task)
-            )
+            await nc.jetstream().publish(subjects.of_task(task), encode(task))
         async with asyncio.timeout(120):
             while len(got) < TASKS * SAMPLES:
                 assert all(p.returncode is None for p in procs), _tails(logs)

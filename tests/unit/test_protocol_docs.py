@@ -83,6 +83,11 @@ def test_every_stream_is_documented(spec: streams.StreamSpec) -> None:
     assert f"| {spec.retention} |" in row.group(0)
 
 
+#: Public functions of protocol.subjects that build no subject of their own: ``of_task``
+#: is ``task`` on a Task's fields.
+NOT_BUILDERS = {"token", "of_task"}
+
+
 def placeholder_subjects() -> list[str]:
     """Every builder's output with its arguments shown as the doc's placeholders, with and
     without its optional arguments (a task of the default tenant and of another)."""
@@ -105,7 +110,7 @@ def placeholder_subjects() -> list[str]:
     }
     out = []
     for name, function in inspect.getmembers(subjects, inspect.isfunction):
-        if function.__module__ != subjects.__name__ or name.startswith("_") or name == "token":
+        if function.__module__ != subjects.__name__ or name.startswith("_") or name in NOT_BUILDERS:
             continue
         params = inspect.signature(function).parameters
         required = [p for p, v in params.items() if v.default is inspect.Parameter.empty]

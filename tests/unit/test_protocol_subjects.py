@@ -18,11 +18,18 @@ CONCRETE = re.compile(r"^temper\.v1(\.[A-Za-z0-9_-]+)+\Z")
 FILTER = re.compile(r"^temper\.v1(\.([A-Za-z0-9_-]+|\*))*(\.>)?\Z")
 
 
+#: Public functions of protocol.subjects that build no subject from tokens: ``of_task``
+#: is ``task`` on a Task's fields (tested with the tenant subjects).
+NOT_BUILDERS = {"token", "of_task"}
+
+
 def builders() -> dict[str, Callable[..., str]]:
     return {
         name: function
         for name, function in inspect.getmembers(subjects, inspect.isfunction)
-        if function.__module__ == subjects.__name__ and not name.startswith("_") and name != "token"
+        if function.__module__ == subjects.__name__
+        and not name.startswith("_")
+        and name not in NOT_BUILDERS
     }
 
 
@@ -201,3 +208,10 @@ def test_work_streams_are_work_queues() -> None:
         assert spec.retention == "workqueue"
     for spec in (streams.SCORED, streams.POLICY, streams.ERRORS, streams.DEAD_LETTERS):
         assert spec.retention == "limits"
+
+
+def test_a_task_is_published_on_the_subject_of_its_tier_domain_and_tenant() -> None:
+    assert subjects.of_task(_task("code", tier=2)) == "temper.v1.task.2.code"
+    named = _task("code", "acme", tier=2)
+    assert subjects.of_task(named) == "temper.v1.task.2.code.acme"
+    assert subjects.TaskRoute.parse(subjects.of_task(named)).tenant == "acme"
