@@ -33,7 +33,7 @@ run: venv
 
 # pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
 test: venv sglang-venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 

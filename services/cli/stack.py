@@ -18,6 +18,7 @@ from protocol.codec import Codec
 from protocol.errors import DecodeError
 from protocol.messages import Heartbeat, StackStatus
 from services import registry
+from services.cli import preflight
 from services.cli.common import CliError, connect, emit_json, run, stop_event
 from services.cli.status_view import print_status
 from services.runtime import logs
@@ -122,6 +123,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             registry.lookup(name)
         except registry.UnknownService as error:
             raise CliError(str(error), 2) from None
+    preflight.check_stack(names, os.environ)
     copies, servers = args.stream_replicas or 1, args.nats_cluster
     if copies > servers and not args.external_nats:
         raise CliError(f"--stream-replicas {copies} needs as many servers: --nats-cluster", 2)

@@ -58,21 +58,41 @@ def from_env(cls: type[T], prefix: str, environ: Mapping[str, str], fallback: st
 
 
 def _build(
-    cls: type[T], prefix: str, environ: Mapping[str, str], own: str | None, shared: str
+    cls: type[T],
+    prefix: str,
+    environ: Mapping[str, str],
+    own: str | None,
+    shared: str,
+    base: T | None = None,
 ) -> T:
+    """``base`` (else ``cls()`` with its defaults) with the fields the environment sets."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         kind = hints[field.name]
         name = field.name.upper()
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            values[field.name] = _build(kind, f"{prefix}{name}_", environ, shared, shared)
+            # A nested field starts from its own default (``maxima`` is not ``Limits()``),
+            # and the environment overrides single fields of it.
+            start = getattr(base, field.name) if base is not None else _default(field)
+            values[field.name] = _build(kind, f"{prefix}{name}_", environ, shared, shared, start)
             continue
         found = _lookup(environ, name, prefix, own)
         if found is not None:
             var, raw = found
             values[field.name] = _parse(raw, kind, var)
+    if base is not None:
+        return dataclasses.replace(base, **values)  # type: ignore[type-var]
     return cls(**values)
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """The value ``field`` takes when none is given, or None when it has no default."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return None
 
 
 def _lookup(

@@ -85,6 +85,7 @@ class SandboxService(Service):
     name = "sandbox"
 
     def __init__(self, settings: SandboxSettings, backend: Backend | None = None) -> None:
+        settings.check()  # a misconfigured limit stops the start, not every request
         super().__init__(settings.runtime)
         self.settings = settings
         self._backend = backend

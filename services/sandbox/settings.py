@@ -7,7 +7,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from protocol.messages import SandboxLimits
-from services.runtime.settings import RuntimeSettings
+from services.runtime.settings import RuntimeSettings, SettingsError
+
+#: Where an operator raises a maximum (``TEMPER_SANDBOX_MAXIMA_<FIELD>``).
+MAXIMA_VARIABLE = "TEMPER_SANDBOX_MAXIMA_{field}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +70,8 @@ class SandboxSettings:
     )
     languages: tuple[str, ...] = ("python", "bash", "sh", "c", "cpp", "js", "openscad")
     #: Per language, what it changes in ``defaults``.  A request's own limits (a domain's
-    #: ``sandbox`` table) win over these; a request above ``maxima`` is refused, while
-    #: these defaults are clamped to ``maxima`` (the operator's word is final).
+    #: ``sandbox`` table) win over these; a request above ``maxima`` is refused, and so is
+    #: a start where these or ``defaults`` exceed ``maxima`` (:meth:`check`).
     language_defaults: Mapping[str, SandboxLimits] = field(default_factory=language_defaults)
     max_code_bytes: int = 1 << 20
     #: How long a request may wait for a free sandbox before an ``unavailable`` error.
@@ -98,3 +101,27 @@ class SandboxSettings:
             if value is not None:
                 chosen[spec.name] = min(value, getattr(self.maxima, spec.name))
         return replace(self.defaults, **chosen)
+
+    def over_maxima(self, limits: SandboxLimits) -> list[str]:
+        """Each field of ``limits`` above its maximum, said as a sentence naming the
+        variable that raises it; empty when the service would accept them."""
+        over = []
+        for spec in fields(Limits):
+            value, ceiling = getattr(limits, spec.name), getattr(self.maxima, spec.name)
+            if value is not None and value > ceiling:
+                variable = MAXIMA_VARIABLE.format(field=spec.name.upper())
+                over.append(f"{spec.name} {value:g} is above the maximum {ceiling:g} ({variable})")
+        return over
+
+    def check(self) -> None:
+        """Refuse, at start, settings under which requests would be refused one by one:
+        a default or a language's default above the maxima."""
+        wrong = [f"defaults: {why}" for why in self.over_maxima(_as_request(self.defaults))]
+        for language, own in sorted(self.language_defaults.items()):
+            wrong += [f"language {language!r}: {why}" for why in self.over_maxima(own)]
+        if wrong:
+            raise SettingsError("sandbox limits above their maxima: " + "; ".join(wrong))
+
+
+def _as_request(limits: Limits) -> SandboxLimits:
+    return SandboxLimits(**{spec.name: getattr(limits, spec.name) for spec in fields(Limits)})

@@ -253,6 +253,33 @@ def test_serve_with_a_bad_setting(
     assert "TEMPER_CONTROL_STALE_AFTER_S='soon'" in err
 
 
+def test_up_stops_before_starting_when_the_sandbox_would_refuse_a_domain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "slow.toml"
+    config.write_text(
+        '[[domain]]\nname = "slow-python"\nkind = "python_functions"\n'
+        "params = { timeout_s = 100.0 }\n"
+    )
+    monkeypatch.setenv("TEMPER_VALIDATOR_DOMAINS_CONFIG", str(config))
+    monkeypatch.setenv("TEMPER_SANDBOX_MAXIMA_TIMEOUT_S", "90")
+    argv = ["up", "--run-dir", str(tmp_path), "--service", "sandbox", "--service", "validator"]
+    code, err = run_main(argv, capsys)
+    assert code == 2
+    assert "domain 'slow-python': timeout_s 100 is above the maximum 90" in err
+    assert "TEMPER_SANDBOX_MAXIMA_TIMEOUT_S" in err
+    assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_up_stops_when_a_sandbox_default_is_above_its_maximum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEMPER_SANDBOX_MAXIMA_MEMORY_MB", "1024")
+    code, err = run_main(["up", "--run-dir", str(tmp_path), "--service", "sandbox"], capsys)
+    assert code == 2
+    assert "language 'cpp': memory_mb 2048 is above the maximum 1024" in err
+
+
 def test_submit_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_main(["submit", str(tmp_path / "none.jsonl")], capsys)
     assert code == 2

@@ -6,6 +6,7 @@ import pytest
 
 from protocol.messages import SandboxLimits
 from services.runtime.errors import RequestRejected
+from services.runtime.settings import SettingsError
 from services.sandbox.limits import resolve
 from services.sandbox.settings import Limits, SandboxSettings
 
@@ -34,3 +35,29 @@ def test_a_request_overrides_the_language_but_not_the_maxima() -> None:
     assert (asked.memory_mb, asked.pids) == (700, 256)
     with pytest.raises(RequestRejected, match="pids 2000 is above this service's maximum 1024"):
         resolve(SandboxLimits(pids=2000), defaults, settings.maxima)
+
+
+def test_the_default_settings_pass_their_start_check() -> None:
+    SandboxSettings().check()
+
+
+def test_a_maximum_below_a_language_default_stops_the_start_naming_both() -> None:
+    settings = SandboxSettings(maxima=Limits(memory_mb=1500, pids=200, timeout_s=30.0))
+    with pytest.raises(SettingsError) as caught:
+        settings.check()
+    message = str(caught.value)
+    assert "language 'openscad': timeout_s 60 is above the maximum 30" in message
+    assert "TEMPER_SANDBOX_MAXIMA_MEMORY_MB" in message
+
+
+def test_a_default_above_its_maximum_stops_the_start() -> None:
+    settings = SandboxSettings(defaults=Limits(timeout_s=200.0))
+    with pytest.raises(SettingsError, match="defaults: timeout_s 200 is above the maximum 120"):
+        settings.check()
+
+
+def test_over_maxima_names_each_field_a_domain_asks_too_much_of() -> None:
+    settings = SandboxSettings()
+    assert settings.over_maxima(SandboxLimits(timeout_s=60.0, memory_mb=2048)) == []
+    over = settings.over_maxima(SandboxLimits(timeout_s=600.0, pids=5000))
+    assert [line.split()[0] for line in over] == ["timeout_s", "pids"]

@@ -169,3 +169,17 @@ def test_runtime_instance_id_defaults_to_host_and_pid() -> None:
 
     assert RuntimeSettings(instance="me").instance_id() == "me"
     assert RuntimeSettings().instance_id().endswith(f"-{os.getpid()}")
+
+
+def test_a_nested_field_keeps_its_own_default_and_takes_single_overrides() -> None:
+    """``maxima`` of the sandbox is not ``Limits()``: built from the environment, it must
+    stay the field's default, with only the variables set changing it."""
+    from services.sandbox.settings import Limits, SandboxSettings
+
+    built = from_env(SandboxSettings, "TEMPER_SANDBOX_", {})
+    assert built.maxima == SandboxSettings().maxima
+    assert built.maxima != Limits()
+    changed = from_env(SandboxSettings, "TEMPER_SANDBOX_", {"TEMPER_SANDBOX_MAXIMA_PIDS": "300"})
+    assert changed.maxima.pids == 300
+    assert changed.maxima.timeout_s == SandboxSettings().maxima.timeout_s
+    assert changed.defaults == Limits()
