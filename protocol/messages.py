@@ -413,6 +413,9 @@ class ValidatorDetail(Record):
     #: A PNG picture of what was judged (a CAD validator's render), or ``None``.  Only
     #: some rollouts carry one (held-out ones by default): it is small, not free.
     preview: bytes | None = None
+    #: The score the validator gave when it was outside the validator's declared range:
+    #: ``score`` is then that value clamped into the range (and an error event says so).
+    clamped_from: float | None = None
 
 
 class ScoredRollout(Message, tag="scored_rollout"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import Coroutine
@@ -42,6 +43,7 @@ from protocol.messages import (
     SampleRequest,
     ScoredRollout,
 )
+from services.domains.ranges import ScoreRange
 from services.learner.acks import AckSettings, WeightAcks
 from services.learner.broadcast import BroadcastSettings, WeightServer, make_weight_server
 from services.learner.checkpoints import Loaded
@@ -50,6 +52,7 @@ from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
 from services.learner.published import Published, newest_published
+from services.learner.reward_bounds import UNKNOWN_DOMAIN, RewardBounds
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
 from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
@@ -137,8 +140,20 @@ class LearnerSettings:
     #: Under torchrun: ``ddp`` replicates the model on every rank, ``fsdp`` shards it
     #: (docs/operations.md).  A single process has nothing to shard over and ignores it.
     parallel: str = "ddp"
+    #: The domains whose reward ranges the learner enforces: the validator's config (a
+    #: TOML file or a folder; ``None``: the built-in domains) and its plugins.
+    domains_config: Path | None = None
+    domain_plugins: bool = True
+    #: The rewards accepted for a domain the config does not know, low and high.
+    unknown_domain_reward: tuple[float, ...] = (UNKNOWN_DOMAIN.low, UNKNOWN_DOMAIN.high)
 
     def __post_init__(self) -> None:
+        low_high = self.unknown_domain_reward
+        if len(low_high) != 2 or not math.isfinite(sum(low_high)) or low_high[0] > low_high[1]:
+            raise SettingsError(
+                "TEMPER_LEARNER_UNKNOWN_DOMAIN_REWARD is two finite numbers, low,high: "
+                f"not {low_high!r}"
+            )
         if self.parallel not in PARALLEL_MODES:
             raise SettingsError(
                 f"TEMPER_LEARNER_PARALLEL={self.parallel!r} is not one of "
@@ -163,7 +178,13 @@ class LearnerSettings:
             ),
             seed=self.seed,
             keep_checkpoints=self.keep_checkpoints,
+            rewards=self.reward_bounds(),
         )
+
+    def reward_bounds(self) -> RewardBounds:
+        low, high = self.unknown_domain_reward
+        unknown = ScoreRange(low, high)
+        return RewardBounds.load(self.domains_config, self.domain_plugins, unknown)
 
 
 class LearnerService(Service):

@@ -36,6 +36,7 @@ from services.learner.loss import (
     policy_loss,
     target_logprobs,
 )
+from services.learner.reward_bounds import RewardBounds
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
 from services.runtime.weights import directory_digest
@@ -69,6 +70,8 @@ class TrainerConfig:
     seed: int = 0
     #: Checkpoints kept: a damaged newest one falls back to the one before.
     keep_checkpoints: int = 3
+    #: Rewards outside their domain's declared range are refused.
+    rewards: RewardBounds = field(default_factory=RewardBounds)
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "epochs", "minibatches"):
@@ -197,7 +200,7 @@ class Trainer:
         self._parallel = parallel
         if parallel is not None:
             parallel.prepare(self.model)
-        self._limits = _ModelLimits.of(self.model)
+        self._limits = _ModelLimits.of(self.model, config.rewards)
         self._config_json: str = self.model.config.to_json_string()
         self.reference: Any = None
         if config.loss.kl_coef:
@@ -569,11 +572,13 @@ class _ModelLimits:
 
     vocab: int
     context: int
+    rewards: RewardBounds
 
     @classmethod
-    def of(cls, model: Any) -> _ModelLimits:
+    def of(cls, model: Any, rewards: RewardBounds) -> _ModelLimits:
         config = model.config
-        return cls(vocab=int(config.vocab_size), context=int(config.max_position_embeddings))
+        vocab, context = int(config.vocab_size), int(config.max_position_embeddings)
+        return cls(vocab=vocab, context=context, rewards=rewards)
 
     def problem(self, item: ScoredRollout) -> Refusal | None:
         reason = self._reason(item)
@@ -597,9 +602,7 @@ class _ModelLimits:
         logprobs = unpack_f32(rollout.logprobs)
         if not np.isfinite(logprobs).all() or float(logprobs.max()) > 1e-3:
             return "behaviour logprobs are not finite negative numbers"
-        if not math.isfinite(item.reward):
-            return f"reward is {item.reward}"
-        return None
+        return self.rewards.reason(item)
 
 
 def _completion_logits(model: Any, rows: _Rows, part: slice) -> torch.Tensor:

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from protocol.messages import Rollout, RolloutStatus, ScoredRollout, ScoreStatus, ValidatorDetail
+from services.domains import ranges
 from services.domains.api import Domain
+from services.domains.ranges import ScoreRange
 from services.domains.registry import DomainRegistry
 from services.validator import factory
 from services.validator.base import InfraFailure, InvalidRollout, RuleValidator, Validator, Verdict
@@ -39,6 +41,8 @@ class Judge:
     weight: float
     timeout_s: float
     validator: Validator
+    #: The validator's declared range: a score outside it is clamped and flagged.
+    score_range: ScoreRange = ranges.UNIT
 
 
 class Judgement(NamedTuple):
@@ -48,6 +52,10 @@ class Judgement(NamedTuple):
     status: ScoreStatus
     details: list[ValidatorDetail]
     error: str | None = None
+
+    def clamped(self) -> list[ValidatorDetail]:
+        """The details whose validator scored outside its declared range."""
+        return [d for d in self.details if d.clamped_from is not None]
 
 
 async def _verdict(judge: Judge, rollout: Rollout) -> Verdict:
@@ -61,7 +69,7 @@ async def run_judge(judge: Judge, rollout: Rollout, observe: Observer = _ignore)
         return run_rule(judge, judge.validator, rollout, observe)
     started = time.perf_counter()
     try:
-        outcome = _scored(await _verdict(judge, rollout))
+        outcome = _scored(judge, await _verdict(judge, rollout))
     except Exception as error:
         outcome = _failure(judge, error)
     return _detail(judge, outcome, started, observe)
@@ -77,43 +85,57 @@ def run_rule(
     """
     started = time.perf_counter()
     try:
-        outcome = _scored(rule.check(rollout))
+        outcome = _scored(judge, rule.check(rollout))
     except Exception as error:
         outcome = _failure(judge, error)
     return _detail(judge, outcome, started, observe)
 
 
-#: (status, score, message, preview) of one validator run.
-_Outcome = tuple[ScoreStatus, float, str, bytes | None]
+class _Outcome(NamedTuple):
+    """What one validator run came to, before it becomes a ValidatorDetail."""
+
+    status: ScoreStatus
+    score: float
+    message: str
+    preview: bytes | None = None
+    #: The score as given, when it was outside the validator's range and got clamped.
+    clamped_from: float | None = None
 
 
-def _scored(verdict: Verdict) -> _Outcome:
-    if not math.isfinite(verdict.score):
-        return ScoreStatus.INFRA_FAILURE, 0.0, f"non-finite score {verdict.score}", None
-    return ScoreStatus.SCORED, verdict.score, verdict.message, verdict.preview
+def _scored(judge: Judge, verdict: Verdict) -> _Outcome:
+    score, allowed = verdict.score, judge.score_range
+    if not math.isfinite(score):
+        return _Outcome(ScoreStatus.INFRA_FAILURE, 0.0, f"non-finite score {score}")
+    if allowed.contains(score):
+        return _Outcome(ScoreStatus.SCORED, score, verdict.message, verdict.preview)
+    # A validator bug, or a candidate that took over what reports to it: never a reward
+    # out of scale.  The service flags it (metric, error event).
+    clamped = allowed.clamp(score)
+    message = f"score {score:g} outside the range {allowed}, clamped to {clamped:g}; "
+    return _Outcome(ScoreStatus.SCORED, clamped, message + verdict.message, verdict.preview, score)
 
 
 def _failure(judge: Judge, error: Exception) -> _Outcome:
     if isinstance(error, InvalidRollout):
-        return ScoreStatus.INVALID, 0.0, str(error), None
+        return _Outcome(ScoreStatus.INVALID, 0.0, str(error))
     if isinstance(error, InfraFailure):
-        return ScoreStatus.INFRA_FAILURE, 0.0, str(error), None
+        return _Outcome(ScoreStatus.INFRA_FAILURE, 0.0, str(error))
     if isinstance(error, TimeoutError):
-        return ScoreStatus.INFRA_FAILURE, 0.0, f"timed out after {judge.timeout_s:g}s", None
+        return _Outcome(ScoreStatus.INFRA_FAILURE, 0.0, f"timed out after {judge.timeout_s:g}s")
     # A validator bug or a machinery failure: typed, not a crash.
-    return ScoreStatus.INFRA_FAILURE, 0.0, f"{type(error).__name__}: {error}", None
+    return _Outcome(ScoreStatus.INFRA_FAILURE, 0.0, f"{type(error).__name__}: {error}")
 
 
 def _detail(judge: Judge, outcome: _Outcome, started: float, observe: Observer) -> ValidatorDetail:
-    status, score, message, preview = outcome
-    observe(judge.kind, status, time.perf_counter() - started)
+    observe(judge.kind, outcome.status, time.perf_counter() - started)
     return ValidatorDetail(
         name=judge.name,
-        score=score,
+        score=outcome.score,
         weight=judge.weight,
-        status=status,
-        message=message,
-        preview=preview,
+        status=outcome.status,
+        message=outcome.message,
+        preview=outcome.preview,
+        clamped_from=outcome.clamped_from,
     )
 
 
@@ -170,6 +192,7 @@ def build_panel(
             weight=spec.weight,
             timeout_s=factory.timeout_of(spec, timeout_s),
             validator=factory.build(spec, domain, resources, plugins),
+            score_range=ranges.declared(spec, domain.name),
         )
         for spec in domain.validators
     )

@@ -18,6 +18,7 @@ from typing import Any, Final
 from protocol.messages import SandboxLimits
 from services.domains.api import Domain, DomainError, ValidatorSpec
 from services.domains.params import Params
+from services.domains.ranges import SCORE_RANGE
 from services.domains.registry import resolve
 from services.validator import rules
 from services.validator.base import Validator
@@ -224,7 +225,9 @@ def build(
         make = factory(spec.kind, plugins)
     except (LookupError, ImportError, ValueError) as error:
         raise DomainError(domain.name, str(error)) from None
-    params = Params(domain.name, {k: v for k, v in spec.params.items() if k != "timeout_s"})
+    # Read by the service for every kind, not by the kind's factory.
+    service_params = ("timeout_s", SCORE_RANGE)
+    params = Params(domain.name, {k: v for k, v in spec.params.items() if k not in service_params})
     validator = make(params, domain, resources)
     params.done()
     return validator

@@ -27,6 +27,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
+from prometheus_client import Counter
 
 from protocol import streams, subjects
 from protocol.codec import Codec
@@ -54,6 +55,7 @@ from services.runtime import (
     StreamAck,
 )
 from services.runtime.bus import message_headers
+from services.runtime.deadletter import Rejection
 from services.runtime.stages import Stages
 from services.validator.catalog import Catalog
 from services.validator.compose import Judgement, Scorer
@@ -117,6 +119,14 @@ class ValidatorService(Service):
             max_batch=settings.reward_batch_size, max_wait_s=settings.reward_batch_wait_s
         )
         self.stats = DomainStats(self.metrics.registry)
+        #: Scores a validator gave outside its declared range (clamped): a bug to find.
+        self.clamped = 0
+        self._clamped = Counter(
+            "temper_validator_clamped",
+            "Scores outside their validator's declared range, clamped into it",
+            ["domain", "validator"],
+            registry=self.metrics.registry,
+        )
         self.published = 0
         self.duplicates = 0
         #: Per fetch of rollouts: judging them and storing the results.
@@ -210,6 +220,7 @@ class ValidatorService(Service):
         values.update(self.stats.values())
         values["published"] = float(self.published)
         values["duplicates"] = float(self.duplicates)
+        values["clamped"] = float(self.clamped)
         values.update(self.stages.figures())
         batchers = self._reward_models.batchers.values()
         batches, scored = sum(b.batches for b in batchers), sum(b.scored for b in batchers)
@@ -262,10 +273,36 @@ class ValidatorService(Service):
             return []
         publications = [self._publication(*item, j) for item, j in zip(items, judged, strict=True)]
         acks = await self.bus.publish_many(publications, timeout_s=self.settings.publish_timeout_s)
+        for (rollout, delivery), judgement, ack in zip(items, judged, acks, strict=True):
+            stored = not isinstance(ack, Exception) and not ack.duplicate
+            if stored and judgement.clamped():
+                await self._flag_clamped(rollout, delivery, judgement)
         return [
             self._outcome(rollout.task.domain, judgement, ack)
             for (rollout, _), judgement, ack in zip(items, judged, acks, strict=True)
         ]
+
+    async def _flag_clamped(
+        self, rollout: Rollout, delivery: Delivery, judgement: Judgement
+    ) -> None:
+        """A score outside its validator's range: counted, and an error event names the
+        rollout (the stored result holds the clamped score and the score as given)."""
+        for detail in judgement.clamped():
+            self.clamped += 1
+            self._clamped.labels(domain=rollout.task.domain, validator=detail.name).inc()
+            index = judgement.details.index(detail)
+            rejection = Rejection(
+                code=ErrorCode.VALIDATION,
+                message=f"rollout {rollout.id}: validator {detail.name!r} scored "
+                f"{detail.clamped_from:g}, outside its declared range; clamped to {detail.score:g}",
+                field=f"$.details[{index}].score",
+                source=self.name,
+                subject=subjects.scored(rollout.task.domain, rollout.task.id),
+                key=f"clamped:{rollout.id}:{index}",
+            )
+            self.log.error("score_clamped", rollout=rollout.id, validator=detail.name)
+            # The rollout as received, so the case can be judged again by hand.
+            await self.dead_letters.event(rejection, delivery.msg.data, delivery.trace_id)
 
     def _publication(
         self, rollout: Rollout, delivery: Delivery, judgement: Judgement

@@ -21,6 +21,7 @@ from protocol.messages import (
     Task,
 )
 from protocol.packed import pack_f32, pack_i32, pack_u8
+from services.domains.ranges import ScoreRange
 from services.learner.loss import (
     LossConfig,
     LossStats,
@@ -30,6 +31,7 @@ from services.learner.loss import (
     token_logprobs,
 )
 from services.learner.metrics import step_line
+from services.learner.reward_bounds import RewardBounds
 from services.learner.trainer import Trainer, TrainerConfig
 from services.runtime.weights import directory_digest
 
@@ -378,3 +380,17 @@ def test_truncated_samples_leave_the_loss_where_the_domain_filters_them(
 
 def _task_fields(task: Task) -> dict[str, object]:
     return {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
+
+
+def test_a_reward_outside_its_domains_range_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    good = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]
+    inflated = _item("x", 0, [22, 23], 20.0, -7.0)
+    config = TrainerConfig(lr=1e-3, rewards=RewardBounds({"unit": ScoreRange(0.0, 1.0)}))
+    result = Trainer(tiny_model, tmp_path, config).train([*good, inflated])
+    [refusal] = result.refused
+    assert refusal.rollout_id == "x/0"
+    assert refusal.reason == "reward 20 is outside its range [0, 1] (domain 'unit')"
+    assert result.samples == 2 and result.reward_mean == 0.5
+    # The same reward in a domain declared to reach it is trained on.
+    wide = TrainerConfig(lr=1e-3, rewards=RewardBounds({"unit": ScoreRange(0.0, 20.0)}))
+    assert not Trainer(tiny_model, tmp_path / "wide", wide).train([*good, inflated]).refused

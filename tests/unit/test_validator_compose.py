@@ -24,6 +24,7 @@ from protocol.messages import (
 )
 from services.domains import Domain, DomainError, DomainRegistry, Problem, ValidatorSpec
 from services.domains.params import Params
+from services.domains.ranges import UNIT, ScoreRange
 from services.validator.base import (
     InfraFailure,
     InvalidRollout,
@@ -31,7 +32,7 @@ from services.validator.base import (
     Validator,
     Verdict,
 )
-from services.validator.compose import Judge, Panel, Scorer, combine, run_judge
+from services.validator.compose import Judge, Panel, Scorer, build_panel, combine, run_judge
 from services.validator.factory import Resources
 from services.validator.stats import UNKNOWN, DomainStats
 
@@ -72,8 +73,21 @@ class OneProblem:
         )
 
 
-def judge(validator: object, weight: float = 1.0, name: str = "j", timeout_s: float = 5.0) -> Judge:
-    return Judge(name=name, kind=name, weight=weight, timeout_s=timeout_s, validator=validator)  # type: ignore[arg-type]
+def judge(
+    validator: object,
+    weight: float = 1.0,
+    name: str = "j",
+    timeout_s: float = 5.0,
+    score_range: ScoreRange = UNIT,
+) -> Judge:
+    return Judge(
+        name=name,
+        kind=name,
+        weight=weight,
+        timeout_s=timeout_s,
+        validator=validator,  # type: ignore[arg-type]
+        score_range=score_range,
+    )
 
 
 def rollout(domain: str = "d", **fields: object) -> Rollout:
@@ -95,7 +109,11 @@ def domain(name: str = "d", *specs: ValidatorSpec) -> Domain:
 async def test_reward_is_the_weighted_sum() -> None:
     panel = Panel(
         domain(),
-        (judge(Fixed(1.0), 0.7, "a"), judge(Fixed(0.5), 0.3, "b"), judge(Fixed(-1.0), 0.1, "c")),
+        (
+            judge(Fixed(1.0), 0.7, "a"),
+            judge(Fixed(0.5), 0.3, "b"),
+            judge(Fixed(-1.0), 0.1, "c", score_range=ScoreRange(-1.0, 0.0)),
+        ),
     )
     result = await panel.judge(rollout())
     assert result.status is ScoreStatus.SCORED
@@ -318,3 +336,42 @@ async def test_installed_validator_plugins_are_found_by_entry_point(
     registry = DomainRegistry([domain("d", ValidatorSpec(kind="halves"))])
     built = Scorer(registry, Resources(), timeout_s=5.0, validator="v")
     assert (await built.score(rollout())).reward == 0.5
+
+
+async def test_a_score_outside_its_range_is_clamped_and_flagged() -> None:
+    panel = Panel(domain(), (judge(Fixed(17.0), 0.5, "a"), judge(Fixed(-3.0), 0.5, "b")))
+    result = await panel.judge(rollout())
+    assert result.status is ScoreStatus.SCORED
+    assert result.reward == pytest.approx(0.5)
+    assert [(d.score, d.clamped_from) for d in result.details] == [(1.0, 17.0), (0.0, -3.0)]
+    assert result.details[0].message.startswith("score 17 outside the range [0, 1], clamped to 1")
+    assert [d.name for d in result.clamped()] == ["a", "b"]
+
+
+async def test_a_score_inside_its_range_is_left_alone_and_unflagged() -> None:
+    wide = ScoreRange(-2.0, 2.0)
+    result = await Panel(domain(), (judge(Fixed(-1.5), score_range=wide),)).judge(rollout())
+    assert (result.reward, result.details[0].clamped_from, result.clamped()) == (-1.5, None, [])
+
+
+def test_a_rule_validator_out_of_range_is_clamped_inline_too() -> None:
+    class Rule(RuleValidator):
+        def check(self, rollout: Rollout) -> Verdict:
+            return Verdict(5.0)
+
+    result = Panel(domain(), (judge(Rule()),)).judge_now(rollout())
+    assert (result.reward, result.details[0].clamped_from) == (1.0, 5.0)
+
+
+def test_a_built_panel_takes_each_specs_declared_range() -> None:
+    specs = (
+        ValidatorSpec(kind="math"),
+        ValidatorSpec(kind="length", params={"limit": 10}),
+        ValidatorSpec(kind=f"{__name__}:half", params={"score_range": [0, 4]}),
+    )
+    panel = build_panel(domain("d", *specs), Resources(), 5.0, {})
+    assert [j.score_range for j in panel.judges] == [
+        UNIT,
+        ScoreRange(-1.0, 0.0),
+        ScoreRange(0.0, 4.0),
+    ]
