@@ -79,7 +79,13 @@ class Up:
         self.pids: dict[int, str] = {}
 
     @classmethod
-    async def start(cls, run_dir: Path, *options: str, new_session: bool = False) -> Up:
+    async def start(
+        cls,
+        run_dir: Path,
+        *options: str,
+        new_session: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Up:
         port = free_port()
         url = f"nats://127.0.0.1:{port}"
         proc = await asyncio.create_subprocess_exec(
@@ -99,7 +105,7 @@ class Up:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             cwd=ROOT,
-            env=ENV,
+            env={**ENV, **(env or {})},
             start_new_session=new_session,
         )
         return cls(proc, run_dir, url)
