@@ -7,6 +7,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from protocol.messages import FinishReason, Rollout
 from services.domains.formats import ANSWER_TAG, CITE_TAG
@@ -178,11 +179,17 @@ class LengthPenalty(RuleValidator):
 class DocNumericQA(RuleValidator):
     """Answer values and citations checked against the task's source document.
 
-    score = values x citations.  values: share of reference numbers matched (within
-    tolerance) by the numbers of the ``<answer>``, which must hold exactly as many.
-    citations: share of ``<cite>`` spans found verbatim in the document (whitespace
-    folded), times the share of the evidence amounts quoted; no citation scores 0.
+    score = values x (0.6 + 0.4 x citations).  values: share of reference numbers
+    matched (within tolerance) by the numbers of the ``<answer>``, which must hold exactly
+    as many.  citations: share of ``<cite>`` spans found verbatim in the document
+    (whitespace folded) that quote some evidence amount, times the share of the evidence
+    amounts quoted.  So citations pay only beside a right answer, a citation of anything
+    else (or of nothing) lowers them, and a right answer without citations keeps 0.6.
     """
+
+    #: A right answer's score without citations, and what perfect citations add to it.
+    RIGHT: ClassVar[float] = 0.6
+    CITED: ClassVar[float] = 0.4
 
     rel_tol: float = 0.005
     abs_tol: float = 0.01
@@ -199,7 +206,7 @@ class DocNumericQA(RuleValidator):
             return Verdict(0.0, f"no <{ANSWER_TAG}>")
         values, value_note = self._values(find_numbers(given), wanted)
         cites, cite_note = self._citations(extract.tags(text, CITE_TAG), document, task.metadata)
-        return Verdict(values * cites, f"{value_note}; {cite_note}")
+        return Verdict(values * (self.RIGHT + self.CITED * cites), f"{value_note}; {cite_note}")
 
     def _values(self, got: list[Number], wanted: list[Number]) -> tuple[float, str]:
         if len(got) != len(wanted):
@@ -229,6 +236,11 @@ class DocNumericQA(RuleValidator):
         evidence = _strings(metadata.get("evidence"))
         quoted = [e for e in evidence if any(e in c for c in verbatim)]
         coverage = len(quoted) / len(evidence) if evidence else 1.0
-        share = len(verbatim) / len(cites)
-        note = f"{len(verbatim)}/{len(cites)} citations verbatim, evidence {coverage:.2f}"
+        # A verbatim quote of something else is padding: it counts against the share.
+        relevant = [c for c in verbatim if not evidence or any(e in c for e in evidence)]
+        share = len(relevant) / len(cites)
+        note = (
+            f"{len(verbatim)}/{len(cites)} citations verbatim, {len(relevant)} quoting "
+            f"evidence, evidence {coverage:.2f}"
+        )
         return share * coverage, note

@@ -124,15 +124,17 @@ async def test_the_scores_of_planted_mistakes() -> None:
         c.name: (await VALIDATOR.score(rollout(LONG_HTML, c.text))).score
         for c in planted(LONG_HTML)
     }
+    # A right answer earns 0.6, and its citations up to 0.4 more by their quality: needed
+    # cells cited with their right value over every cell cited or needed.
     assert scores == pytest.approx(
         {
-            "wrong number": 0.6,  # the answer's 0.4 lost, the citations all right
-            "missing citation": 0.9,  # support 1/2
-            "no citation": 0.4,  # only the number
-            "nonexistent cell": 0.4 + 0.2 + 0.2 * 2 / 3 + 0.2,
-            "cell on another page": 0.4 + 0.2 + 0.1 + 0.1,  # exists 1/2, support 1/2
-            "unsupported cell": 0.4 + 0.2 + 0.2 + 0.2 / 3,  # support 1/3
-            "misread value": 0.9,  # grounded 1/2
+            "wrong number": 0.1,  # the cells found, the computation wrong: at most 0.1
+            "missing citation": 0.6 + 0.4 / 2,
+            "no citation": 0.6,
+            "nonexistent cell": 0.6 + 0.4 * 2 / 3,
+            "cell on another page": 0.6 + 0.4 / 3,  # it names no cell there
+            "unsupported cell": 0.6 + 0.4 / 3,
+            "misread value": 0.6 + 0.4 / 2,
         }
     )
 

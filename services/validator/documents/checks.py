@@ -1,11 +1,18 @@
-"""The four checks of a documents answer, each with its own score and reason.
+"""The checks of a documents answer, each with its own score and reason, and the reward.
 
 ``answer``: the ``<answer>`` is one number, the reference within tolerance; the
 reference is computed from the operand cells as parsed from the file.
 ``grounded``: every value the citations state is the cited cell's, within tolerance.
 ``cells_exist``: every citation names a page, table, row and column the file has.
-``cells_support``: the cited cells are exactly the cells the answer is computed from
-(Jaccard overlap: a missing one and an extra one both cost).
+``cells_support``: the cited cells are exactly the cells the answer is computed from.
+
+The reward pays for citations only beside an answer, and only for good ones: citation
+quality is the share, among every cell cited or needed (and every citation that names
+no cell), of the needed cells cited with their right value.  A missing cell, an extra
+one, a wrong value and a citation of nothing all lower it, so padding with the whole
+table pays nothing.  A right answer scores ``RIGHT + CITED x quality`` (0.6 to 1); a
+wrong number ``WRONG_CITED x quality`` (the cells were found, the computation failed:
+at most 0.1); no answer, or not one number, 0 whatever it cites.
 """
 
 from __future__ import annotations
@@ -24,7 +31,11 @@ from services.validator.numbers import Number, find_numbers, numbers_match, pars
 
 #: A cell as the checks compare them: (page, table, row key, column key).
 CellKey = tuple[int, int, str, str]
-WEIGHTS: Final = {"answer": 0.4, "grounded": 0.2, "cells_exist": 0.2, "cells_support": 0.2}
+#: A right answer's score without citations, and what perfect citations add to it.
+RIGHT: Final = 0.6
+CITED: Final = 0.4
+#: What perfect citations earn beside a wrong number: less than any right answer.
+WRONG_CITED: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,25 @@ class Check:
     name: str
     score: float
     reason: str
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The checks for the details, and what the reward is made of."""
+
+    checks: list[Check]
+    #: The answer is one number (right or wrong).
+    answered: bool
+    right: bool
+    #: Citation quality in [0, 1] (see the module's doc).
+    quality: float
+
+    def score(self) -> float:
+        if not self.answered:
+            return 0.0
+        if self.right:
+            return RIGHT + CITED * self.quality
+        return WRONG_CITED * self.quality
 
 
 @dataclass(frozen=True)
@@ -112,14 +142,21 @@ class Resolved:
         return (c.page, c.table, key(c.row), key(c.column))
 
 
+@dataclass(frozen=True)
+class Cited:
+    """What a completion's citations came to."""
+
+    checks: list[Check]
+    quality: float
+
+
 def citation_checks(
     text: str, document: ParsedDocument, reference: Operands, tolerance: Tolerance
-) -> list[Check]:
+) -> Cited:
     spans = extract.tags(text, CITE_TAG)
     if not spans:
-        return [
-            Check(name, 0.0, "no citation") for name in ("grounded", "cells_exist", "cells_support")
-        ]
+        names = ("grounded", "cells_exist", "cells_support")
+        return Cited([Check(name, 0.0, "no citation") for name in names], 0.0)
     resolved: list[Resolved] = []
     missing: list[str] = []
     for index, span in enumerate(spans, start=1):
@@ -137,7 +174,24 @@ def citation_checks(
     exist = Check(
         "cells_exist", len(resolved) / len(spans), "; ".join(missing) or "all cells exist"
     )
-    return [_grounded(resolved, tolerance), exist, _support(resolved, reference)]
+    checks = [_grounded(resolved, tolerance), exist, _support(resolved, reference)]
+    return Cited(checks, _quality(resolved, len(missing), reference, tolerance))
+
+
+def _quality(
+    resolved: Sequence[Resolved], unresolved: int, reference: Operands, tolerance: Tolerance
+) -> float:
+    """Needed cells cited with their right value, over every cell cited or needed and every
+    citation that names no cell."""
+    cited, needed = {item.key for item in resolved}, set(reference.cells)
+    good = {item.key for item in resolved if item.key in needed and _right(item, tolerance)}
+    return len(good) / (len(cited | needed) + unresolved)
+
+
+def _right(item: Resolved, tolerance: Tolerance) -> bool:
+    value = parse_number(item.cell)
+    stated = item.citation.value
+    return stated is not None and value is not None and tolerance.match(stated, value)
 
 
 def _grounded(resolved: Sequence[Resolved], tolerance: Tolerance) -> Check:
@@ -169,15 +223,16 @@ def _support(resolved: Sequence[Resolved], reference: Operands) -> Check:
 
 def assess(
     text: str, document: ParsedDocument, question: Question, tolerance: Tolerance
-) -> list[Check]:
+) -> Assessment:
     reference = operands(document, question)
-    return [
-        answer_check(text, reference, tolerance),
-        *citation_checks(text, document, reference, tolerance),
-    ]
+    answer = answer_check(text, reference, tolerance)
+    cited = citation_checks(text, document, reference, tolerance)
+    answered = answer.score == 1.0 or answer.reason.startswith("wrong number")
+    return Assessment([answer, *cited.checks], answered, answer.score == 1.0, cited.quality)
 
 
-def total(checks: Sequence[Check]) -> tuple[float, str]:
-    """The weighted score, and every check's score and reason for the details."""
-    score = sum(WEIGHTS[c.name] * c.score for c in checks)
-    return score, "; ".join(f"{c.name} {c.score:.2f}: {c.reason}" for c in checks)
+def total(assessment: Assessment) -> tuple[float, str]:
+    """The score, and every check's score and reason for the details."""
+    checks = assessment.checks
+    reasons = "; ".join(f"{c.name} {c.score:.2f}: {c.reason}" for c in checks)
+    return assessment.score(), f"{reasons}; citation quality {assessment.quality:.2f}"

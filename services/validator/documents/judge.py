@@ -78,7 +78,8 @@ class DocumentCache:
 
 @dataclass(frozen=True)
 class DocumentFileQA:
-    """Score = weighted checks (answer 0.4; grounded, cells_exist, cells_support 0.2 each)."""
+    """Score: a right answer 0.6 plus up to 0.4 for its citations; a wrong number at most
+    0.1 for its citations; no answer 0 (:mod:`services.validator.documents.checks`)."""
 
     rel_tol: float = 0.005
     abs_tol: float = 0.01
@@ -93,7 +94,7 @@ class DocumentFileQA:
             raise InvalidRollout(f"task {task.id}: metadata['document']: {error}") from None
         try:
             document = await self.cache.get(spec)
-            checks = assess(
+            assessment = assess(
                 rollout.completion_text,
                 document,
                 build(spec)[1],
@@ -101,4 +102,4 @@ class DocumentFileQA:
             )
         except DocumentUnreadable as error:
             raise InfraFailure(f"document {spec.as_metadata()} unreadable: {error}") from None
-        return Verdict(*total(checks))
+        return Verdict(*total(assessment))
