@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -80,6 +81,9 @@ async def up(ups: list[Up], tmp_path: Path, sandbox_image: str) -> AsyncIterator
     ups.append(stack)
     await stack.ready()
     yield stack
+    # Stopped as a user stops it (Ctrl-C), so the sandbox removes its containers.
+    stack.proc.send_signal(signal.SIGINT)
+    await stack.rest(timeout_s=60)
 
 
 async def test_every_kind_scores_its_reference_at_the_maximum_through_temper_up(up: Up) -> None:
