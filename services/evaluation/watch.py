@@ -1,6 +1,6 @@
 """Reward-hacking watch: signs that the policy learnt the reward rather than the task.
 
-Three checks per domain, each on figures a run directory already holds:
+Five checks per domain, each on figures a run directory already holds:
 
 * train reward rises while held-out accuracy falls (the validator is being gamed, or
   the train split leaks something the eval split does not have);
@@ -8,6 +8,9 @@ Three checks per domain, each on figures a run directory already holds:
   because short answers happen to score);
 * a format validator's mean score swings between the first and the last tier report
   (the format is being learnt instead of, or at the cost of, the answer).
+* the share of samples at the top score rises while those samples are much shorter
+  than the domain's completions were (:mod:`services.evaluation.watch_scores`);
+* the reward distribution jumps between two versions beyond sampling noise (the same).
 
 A flag is a prompt to read rollouts, not a verdict.
 """
@@ -20,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from services.evaluation import watch_scores
 from services.evaluation.report.run_data import RunData
 from services.evaluation.report.tier_reports import TierReport
 
-FlagKind = Literal["reward_vs_heldout", "length_drift", "format_drift"]
+FlagKind = Literal["reward_vs_heldout", "length_drift", "format_drift", "short_top", "score_jump"]
 
 #: Fewer learner steps than this leave thirds of one or two batches: too noisy to trend.
 MIN_STEPS = 6
@@ -73,6 +77,10 @@ def review(run: RunData) -> Review:
     for domain in run.domains():
         _merge(_reward_vs_heldout(run, domain), flags, unchecked)
         _merge(_format_drift(run.tiers, domain), flags, unchecked)
+        for check in (watch_scores.short_top, watch_scores.score_jump):
+            found, missing = check(run, domain)
+            flags.extend(Flag(*flag) for flag in found)  # type: ignore[arg-type]
+            unchecked.extend(missing)
     _merge(_length_drift(run), flags, unchecked)
     return Review(flags=tuple(flags), unchecked=tuple(unchecked))
 

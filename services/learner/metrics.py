@@ -10,7 +10,9 @@ from typing import Any
 from services.learner.trainer import StepResult
 
 #: Keys of a metrics line that are not scalars to plot.
-_NOT_SCALARS = frozenset({"step", "version", "at", "reward_by_domain", "staleness_counts"})
+_NOT_SCALARS = frozenset(
+    {"step", "version", "at", "reward_by_domain", "staleness_counts", "domains"}
+)
 
 
 def step_line(
@@ -26,6 +28,7 @@ def step_line(
         "refused": len(result.refused),
         "reward_mean": result.reward_mean,
         "reward_by_domain": result.reward_by_domain,
+        "domains": {name: f.as_json() for name, f in result.domains.items()},
         "staleness_mean": result.staleness_mean,
         # JSON object keys are strings: versions behind -> samples.
         "staleness_counts": {str(k): v for k, v in result.staleness_counts.items()},

@@ -34,12 +34,15 @@ class RewardBounds:
     ) -> RewardBounds:
         return cls(of_domains(load_registry(domains_config, plugins=plugins)), unknown)
 
+    def of(self, domain: str) -> ScoreRange:
+        return self.ranges.get(domain, self.unknown)
+
     def reason(self, item: ScoredRollout) -> str | None:
         """Why ``item``'s reward cannot be trained on, or None."""
         if not math.isfinite(item.reward):
             return f"reward is {item.reward}"
         domain = item.rollout.task.domain
-        allowed = self.ranges.get(domain, self.unknown)
+        allowed = self.of(domain)
         if allowed.contains(item.reward):
             return None
         known = "its" if domain in self.ranges else "an unknown domain's"

@@ -24,6 +24,8 @@ import torch
 
 from protocol.messages import FinishReason, ScoredRollout
 from protocol.packed import unpack_f32, unpack_i32, unpack_u8
+from services.evaluation.figures import DomainFigures
+from services.learner import domain_figures
 from services.learner.checkpoints import CheckpointStore, Loaded
 from services.learner.checkpoints import read as read_checkpoint
 from services.learner.export import write_weights
@@ -125,6 +127,8 @@ class StepResult:
     completion_len: float
     #: Share of samples cut at the token limit.
     truncated: float
+    #: Per domain: samples at the top score and their length, the reward histogram.
+    domains: dict[str, DomainFigures] = field(default_factory=dict)
     #: Seconds per stage of the step: ``rows`` (unpacking), ``proximal`` and ``reference``
     #: (no-grad passes), ``updates`` (forward, backward and optimizer steps).
     seconds: dict[str, float] = field(default_factory=dict)
@@ -431,6 +435,7 @@ class Trainer:
             diversity=_diversity(counted),
             completion_len=statistics.fmean(lengths) if lengths else 0.0,
             truncated=_share(counted, lambda i: i.rollout.finish_reason is FinishReason.LENGTH),
+            domains=domain_figures.figures(counted, self.config.rewards),
         )
 
     # ------------------------------------------------------------------ weights, checkpoints

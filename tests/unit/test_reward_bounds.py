@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from protocol.messages import ChatMessage, Rollout, ScoredRollout, Task
@@ -74,3 +75,24 @@ def test_the_learner_loads_the_ranges_of_the_validators_config() -> None:
     bounds = RewardBounds.load(None, plugins=False)
     assert bounds.ranges["arithmetic"] == UNIT
     assert bounds.ranges["math_word_problems"] == ScoreRange(-1.0, 1.0)
+
+
+def test_a_steps_domain_figures_count_the_top_score_over_the_domains_range() -> None:
+    from protocol.packed import pack_f32, pack_i32, pack_u8
+    from services.learner.domain_figures import figures
+
+    def item(reward: float, tokens: int) -> ScoredRollout:
+        scored = _scored("d", reward)
+        rollout = msgspec.structs.replace(
+            scored.rollout,
+            tokens=pack_i32([1] * (tokens + 1)),
+            prompt_len=1,
+            logprobs=pack_f32([-1.0] * tokens),
+            loss_mask=pack_u8([1] * tokens),
+        )
+        return msgspec.structs.replace(scored, rollout=rollout)
+
+    bounds = RewardBounds({"d": ScoreRange(-1.0, 1.0)})
+    found = figures([item(1.0, 4), item(1.0, 6), item(-1.0, 30), item(0.0, 20)], bounds)["d"]
+    assert (found.samples, found.at_top, found.top_len, found.len_mean) == (4, 2, 5.0, 15.0)
+    assert found.histogram == (1, 0, 0, 0, 0, 1, 0, 0, 0, 2)

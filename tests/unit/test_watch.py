@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from services.evaluation.figures import DomainFigures
 from services.evaluation.report.run_data import Heldout, RunData, Step
 from services.evaluation.report.tier_reports import TierReport, parse_tier_report
 from services.evaluation.watch import ALL_DOMAINS, Flag, review, thirds, watch
@@ -148,3 +149,83 @@ def test_too_little_data_says_so_and_flags_nothing() -> None:
     assert any("reward vs held-out" in line for line in found.unchecked)
     assert any("format drift" in line for line in found.unchecked)
     assert any("completion length" in line for line in found.unchecked)
+
+
+# ---------------------------------------------------------------- scores per domain
+
+
+def _figured(per_step: list[dict[str, DomainFigures]]) -> tuple[Step, ...]:
+    return tuple(
+        Step(
+            step=index + 1,
+            version=index + 1,
+            at=float(index),
+            reward_mean=0.5,
+            reward_by_domain={d: 0.5 for d in domains},
+            figures={},
+            domains=domains,
+        )
+        for index, domains in enumerate(per_step)
+    )
+
+
+def _figures(share_top: float, top_len: float, len_mean: float, n: int = 64) -> DomainFigures:
+    top = round(share_top * n)
+    histogram = (n - top, 0, 0, 0, 0, 0, 0, 0, 0, top)
+    return DomainFigures(n, top, top_len, len_mean, histogram)
+
+
+def test_short_top_scores_are_flagged_when_they_rise_and_shrink() -> None:
+    steps = []
+    for index in range(12):
+        late = index >= 6
+        steps.append(
+            {
+                # The top share rises and the top samples become a fifth as long.
+                "gamed": _figures(0.7 if late else 0.1, 8.0 if late else 40.0, 40.0),
+                # The top share rises at the length the domain always had: learning.
+                "learnt": _figures(0.7 if late else 0.1, 38.0, 40.0),
+            }
+        )
+    flags = watch(_run(_figured(steps)))
+    assert "short_top" in _kinds(flags, "gamed")
+    assert "short_top" not in _kinds(flags, "learnt")
+    [flag] = [f for f in flags if f.kind == "short_top"]
+    assert "9% -> 70%" in flag.message and "8.0 tokens long against 40.0" in flag.message
+
+
+def test_a_reward_distribution_that_jumps_is_flagged_and_a_drift_is_not() -> None:
+    steps = []
+    for index in range(10):
+        jumped = 0.05 if index < 5 else 0.95  # all at once between v5 and v6
+        steps.append(
+            {
+                "jumps": _figures(jumped, 30.0, 30.0),
+                "drifts": _figures(0.05 + 0.9 * index / 9, 30.0, 30.0),
+            }
+        )
+    flags = watch(_run(_figured(steps)))
+    [jump] = [f for f in flags if f.kind == "score_jump"]
+    assert jump.domain == "jumps" and "from v5 to v6" in jump.message
+
+
+def test_few_samples_are_not_a_jump() -> None:
+    steps = [{"tiny": _figures(0.0 if i % 2 else 1.0, 30.0, 30.0, n=8)} for i in range(8)]
+    outcome = review(_run(_figured(steps)))
+    assert not [f for f in outcome.flags if f.kind == "score_jump"]
+    assert any("score jumps need" in line for line in outcome.unchecked)
+
+
+def test_domain_figures_round_trip_through_a_metrics_line(tmp_path: Path) -> None:
+    import json
+
+    from services.evaluation.report.run_data import load
+
+    figures = _figures(0.25, 12.0, 30.0)
+    line = {"step": 1, "version": 1, "at": 0.0, "reward_mean": 0.5}
+    bad = {"samples": "many"}
+    line["domains"] = {"d": figures.as_json(), "broken": bad}  # type: ignore[assignment]
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "learner" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    [step] = load(tmp_path).steps
+    assert step.domains == {"d": figures}

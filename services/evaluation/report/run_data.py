@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from services.evaluation.figures import DomainFigures
 from services.evaluation.report.tier_reports import TierReport, parse_tier_report
 
 METRICS = Path("learner/metrics.jsonl")
@@ -37,6 +38,9 @@ class Step:
     #: Versions behind the learner -> samples of the step's batch (``staleness_counts``);
     #: empty for metrics written before the learner recorded it.
     staleness_counts: Mapping[int, int] = field(default_factory=dict)
+    #: Per domain: samples at the top score, their length, the reward histogram (empty
+    #: for metrics written before the learner recorded them).
+    domains: Mapping[str, DomainFigures] = field(default_factory=dict)
 
     def figure(self, key: str) -> float | None:
         return self.figures.get(key)
@@ -159,7 +163,21 @@ def _step(line: dict[str, Any]) -> Step:
         reward_by_domain={str(k): float(v) for k, v in line.get("reward_by_domain", {}).items()},
         figures=figures,
         staleness_counts=_staleness_counts(line.get("staleness_counts")),
+        domains=_domain_figures(line.get("domains")),
     )
+
+
+def _domain_figures(raw: object) -> dict[str, DomainFigures]:
+    """The figures a line holds; a malformed entry is left out, not the step."""
+    if not isinstance(raw, dict):
+        return {}
+    found: dict[str, DomainFigures] = {}
+    for name, entry in raw.items():
+        try:
+            found[str(name)] = DomainFigures.from_json(entry)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found
 
 
 def _staleness_counts(raw: object) -> dict[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from protocol.messages import SandboxStatus
-from services.evaluation import watch
+from services.evaluation import watch, watch_scores
 from services.evaluation.report import plots
 from services.evaluation.report.document import (
     Alert,
@@ -257,5 +257,17 @@ _CHECKS: tuple[tuple[str, str], ...] = (
         "format_drift",
         f"a format validator's mean score (or unit tool_format) moves by {watch.FORMAT_DRIFT} or "
         "more between the first and the last tier report",
+    ),
+    (
+        "short_top",
+        f"the share of a domain's samples at its top score rises by {watch_scores.TOP_RISE} or "
+        f"more (first to last third of the steps) while those samples are under "
+        f"{watch_scores.SHORT_RATIO:g}x the domain's completion length at the start",
+    ),
+    (
+        "score_jump",
+        f"a domain's reward histogram moves by {watch_scores.JUMP_TV} or more (total variation) "
+        f"between consecutive versions, and {watch_scores.JUMP_NOISE:g}x what sampling noise "
+        f"gives ({watch_scores.MIN_SAMPLES}+ samples each)",
     ),
 )
