@@ -2,10 +2,11 @@
 
 reward = share of the part's constraints met (:mod:`services.validator.cad_checks`);
 the details name each failed one with what was measured and what was expected.  A
-candidate that does not render (an OpenSCAD error, no STL, a render past its time
-limit) cannot be judged: ``invalid``, with OpenSCAD's own message.  Failures of the
-machinery (sandbox infra_error, no sandbox, no answer) are InfraFailure, as for
-unit tests.
+candidate that does not render (an OpenSCAD error, an empty model, no STL, a render past
+its time or memory limit) or renders a mesh that cannot be read scores 0, with
+OpenSCAD's own message, and is trained on: not rendering must never be a way out of a
+low score.  Only failures of the machinery (sandbox infra_error, no sandbox, no answer)
+are InfraFailure, as for unit tests.
 
 A rendered part may also get a small PNG preview (:mod:`services.validator.cad_preview`)
 for evaluation reports: held-out rollouts only by default (``TEMPER_VALIDATOR_CAD_PREVIEWS``),
@@ -73,7 +74,7 @@ def measure(stl: bytes, spec: Mapping[str, Any], preview: bool = False) -> Verdi
     try:
         mesh: trimesh.Trimesh = load_stl(stl)
     except MeshError as error:
-        raise InvalidRollout(str(error)) from None
+        return Verdict(0.0, f"the render cannot be measured: {error}")
     judged = verdict(check_part(mesh, spec))
     if not preview:
         return judged
@@ -108,7 +109,7 @@ class CadPart:
             raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
         stl = result.outputs.get(STL)
         if result.status is not SandboxStatus.OK or stl is None:
-            raise InvalidRollout(render_error(result))
+            return Verdict(0.0, render_error(result))
         preview = wants_preview(self.previews, rollout)
         return await asyncio.to_thread(measure, stl, spec, preview)
 

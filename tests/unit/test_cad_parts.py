@@ -13,8 +13,8 @@ from protocol.errors import ErrorCode
 from protocol.messages import Rollout, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
 from services.domains import cad_parts
 from services.domains.cad import domain
-from services.validator.base import InfraFailure, InvalidRollout
-from services.validator.cad import CadPart, verdict
+from services.validator.base import InfraFailure, Verdict
+from services.validator.cad import CadPart, render_error, verdict
 from services.validator.cad_checks import Check, check_part
 from services.validator.cad_geometry import body_count, ray_hits, through_holes
 from services.validator.sandbox import SandboxRejected
@@ -171,16 +171,20 @@ def test_the_validator_renders_in_the_sandbox_and_maps_its_failures() -> None:
     failed = SandboxResult(
         id="x", status=SandboxStatus.NONZERO_EXIT, exit_code=1, stderr=f"noise\n{said}\n"
     )
-    with pytest.raises(
-        InvalidRollout, match="did not render \\(nonzero_exit\\): ERROR: Parser error"
-    ):
-        render(failed)
-    with pytest.raises(InvalidRollout, match="left no STL"):
-        render(
-            SandboxResult(
-                id="x", status=SandboxStatus.OK, stderr="Current top level object is empty."
-            )
-        )
+    # Not rendering is the candidate's doing: a 0 it is trained on, never a way out.
+    unrendered = render(failed)[0]
+    assert unrendered.score == 0.0
+    assert "did not render (nonzero_exit): ERROR: Parser error" in unrendered.message
+    empty = SandboxResult(
+        id="x", status=SandboxStatus.OK, stderr="Current top level object is empty."
+    )
+    assert render(empty)[0] == Verdict(0.0, render_error(empty))
+    assert "left no STL" in render(empty)[0].message
+    for status in (SandboxStatus.TIMEOUT, SandboxStatus.OOM, SandboxStatus.OUTPUT_LIMIT):
+        assert render(SandboxResult(id="x", status=status))[0].score == 0.0
+    garbage = SandboxResult(id="x", status=SandboxStatus.OK, outputs={"out.stl": b"solid x\n"})
+    assert render(garbage)[0].score == 0.0
+    assert "cannot be measured" in render(garbage)[0].message
     with pytest.raises(InfraFailure, match="container vanished"):
         render(SandboxResult(id="x", status=SandboxStatus.INFRA_ERROR, error="container vanished"))
     with pytest.raises(InfraFailure, match="unavailable"):
