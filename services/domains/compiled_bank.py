@@ -226,10 +226,13 @@ def js_literal(value: Any) -> str:
     return "[" + ", ".join(str(v) for v in value) + "]"
 
 
+def call_expression(language: str, name: str, args: Args) -> str:
+    """The function called on ``args``, in ``language``."""
+    literal = cpp_literal if language == "cpp" else js_literal
+    return f"{name}({', '.join(literal(a) for a in args)})"
+
+
 def test_expression(language: str, name: str, args: Args, expected: Any) -> str:
-    """A boolean expression in ``language``: the function called on ``args`` gives ``expected``."""
-    if language == "cpp":
-        call = f"{name}({', '.join(cpp_literal(a) for a in args)})"
-        return f"{call} == {cpp_literal(expected)}"
-    call = f"{name}({', '.join(js_literal(a) for a in args)})"
-    return f"JSON.stringify({call}) === JSON.stringify({js_literal(expected)})"
+    """How the prompt shows an example: the call, and the value it gives."""
+    literal = cpp_literal if language == "cpp" else js_literal
+    return f"{call_expression(language, name, args)} == {literal(expected)}"

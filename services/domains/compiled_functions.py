@@ -1,10 +1,11 @@
 """C++ and JavaScript functions with unit tests, judged by building and running them.
 
 The sibling of :mod:`services.domains.python_functions`: a problem is one function of
-:mod:`services.domains.compiled_bank` in one variant; its tests are boolean
-expressions in the problem's language whose expected values come from the Python
-reference.  A candidate that does not compile passes no test (the compiler's message
-goes into the score's details); a sandbox failure is an infrastructure failure.
+:mod:`services.domains.compiled_bank` in one variant; its tests are calls in the
+problem's language whose expected values come from the Python reference (the calls go to
+the sandbox, the expected values stay with the validator).  A candidate that does not
+compile passes no test (the compiler's message goes into the score's details); a sandbox
+failure is an infrastructure failure.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any, Final
 
 from protocol.messages import SandboxLimits
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
-from services.domains.compiled_bank import SPECS, CompiledSpec, test_expression
+from services.domains.compiled_bank import SPECS, CompiledSpec, call_expression, test_expression
 from services.domains.params import Params
+from services.domains.python_functions import unseen
 
 LANGUAGES: Final = ("cpp", "js")
 SYSTEM: Final = {
@@ -45,17 +47,22 @@ class CompiledSource:
         # Inputs follow from the key alone: one key is one problem, whatever the caller's rng.
         inputs = random.Random(key)
         cases = [spec.inputs(inputs) for _ in range(self.tests)]
-        tests = [
-            test_expression(self.language, spec.name, args, spec.python(*args, variant))
-            for args in cases
-        ]
+        # The prompt's example is none of the tests: hard-coding it scores nothing.
+        shown = unseen(lambda: spec.inputs(inputs), cases)
+        example = test_expression(self.language, spec.name, shown, spec.python(*shown, variant))
         signature = spec.cpp_signature if self.language == "cpp" else spec.js_signature
         description = spec.description.replace("{k}", str(variant))
         code = (spec.cpp if self.language == "cpp" else spec.js).replace("{k}", str(variant))
+        metadata = {
+            "entry_point": spec.name,
+            "language": self.language,
+            "calls": [call_expression(self.language, spec.name, args) for args in cases],
+            "expected": [repr(spec.python(*args, variant)) for args in cases],
+        }
         return Problem(
             key=key,
-            question=f"Write `{signature}`: {description}.\nTest: {tests[0]}",
-            metadata={"entry_point": spec.name, "tests": tests, "language": self.language},
+            question=f"Write `{signature}`: {description}.\nTest: {example}",
+            metadata=metadata,
             reference=f"```{self.language}\n{code}```",
         )
 

@@ -1,8 +1,9 @@
 """Python functions with unit tests, judged by running them in the sandbox.
 
 A problem is one function of :mod:`services.domains.python_bank` in one variant;
-its tests are ``assert`` lines whose expected values come from running the
-reference implementation here, so the reference and the tests cannot drift apart.
+its tests are calls whose expected values come from running the reference
+implementation here, so the reference and the tests cannot drift apart; the calls go to
+the sandbox, the expected values stay with the validator.
 """
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ def call_text(name: str, args: tuple[Any, ...]) -> str:
     return f"{name}({', '.join(repr(arg) for arg in args)})"
 
 
+def unseen(draw: Callable[[], Any], seen: list[Any], tries: int = 100) -> Any:
+    """An input not among ``seen``, if ``tries`` draws find one (a tiny input space may
+    have none left: then the last draw)."""
+    drawn = draw()
+    for _ in range(tries):
+        if drawn not in seen:
+            return drawn
+        drawn = draw()
+    return drawn
+
+
 @dataclass(frozen=True)
 class FunctionSource:
     specs: tuple[FunctionSpec, ...]
@@ -49,18 +61,21 @@ class FunctionSource:
         # Inputs follow from the key alone: one key is one problem, whatever the caller's rng.
         inputs = random.Random(key)
         cases = [spec.inputs(inputs, variant) for _ in range(self.tests)]
-        tests = [f"assert {call_text(spec.name, a)} == {function(*a)!r}" for a in cases]
-        example = tests[0].removeprefix("assert ")
+        # The prompt's example is none of the tests: hard-coding it scores nothing.
+        shown = unseen(lambda: spec.inputs(inputs, variant), cases)
+        example = f"{call_text(spec.name, shown)} == {function(*shown)!r}"
         question = (
             f"Write `{spec.signature}`: {spec.description.replace('{k}', str(variant))}.\n"
             f"Example: {example}"
         )
         code = spec.reference.replace("{k}", str(variant))
+        metadata = {
+            "entry_point": spec.name,
+            "calls": [call_text(spec.name, args) for args in cases],
+            "expected": [repr(function(*args)) for args in cases],
+        }
         return Problem(
-            key=key,
-            question=question,
-            metadata={"entry_point": spec.name, "tests": tests},
-            reference=f"```python\n{code}```",
+            key=key, question=question, metadata=metadata, reference=f"```python\n{code}```"
         )
 
 

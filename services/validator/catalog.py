@@ -42,7 +42,7 @@ def _document(params: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _tests(params: Mapping[str, Any]) -> tuple[str, ...]:
-    return ("tests",)
+    return ("calls", "expected")
 
 
 def _part(params: Mapping[str, Any]) -> tuple[str, ...]:

@@ -1,130 +1,131 @@
-"""Unit tests in the sandbox: reward = share of the task's tests the candidate passes.
+"""Unit tests in the sandbox: reward = share of the task's calls whose returned value is
+the expected one.
 
-The candidate (the completion's last ```python block) and the tests (``assert``
-lines in ``task.metadata["tests"]``) travel as files; a fixed harness runs each
-test in its own namespace and prints one line per test, prefixed with a nonce it
-reads from stdin, so a candidate that prints "pass" lines does not count.
+The sandbox gets the candidate (the completion's last code block in the domain's
+language) and the calls to make, never the expected values: a fixed harness
+(:mod:`services.validator.code_harness`) runs each call and prints the value it returned,
+and this process compares them with ``task.metadata["expected"]``.  So no answer key, no
+nonce and no test file is there for the candidate to read, patch or forge around: a line
+it prints itself must hold the values it would have to compute.  The score is the share
+of the calls matched, at most one per call, so it stays in [0, 1].
 
-For ``cpp`` and ``js`` the tests are boolean expressions in that language; the
-harness (built with g++, or run by node) evaluates each the same way.  A candidate
-that does not compile (or load) passes no test, and the details carry the
-compiler's first lines.
+Task metadata: ``calls`` (expressions in the language, e.g. ``add(1, 2)``) and
+``expected`` (the Python ``repr`` of each expected value).  Python tasks written before
+that format, with ``tests`` as ``assert CALL == LITERAL`` lines, are split into the two.
 
-The candidate's own failures (timeout, memory, crash, non-zero exit) are a normal
-low score: the tests that reported before it died count.  Failures of the
-machinery (sandbox infra_error, no sandbox, no answer) are InfraFailure.
+The candidate's own failures (no code block, compile or load error, timeout, memory, a
+crash, a value of a type that is not plain data) are a low score: the values reported
+before it count.  Failures of the machinery (sandbox infra_error, no sandbox, no answer)
+are InfraFailure.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
+import ast
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from protocol.errors import ErrorCode
-from protocol.messages import Rollout, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from protocol.messages import (
+    Rollout,
+    SandboxExec,
+    SandboxLimits,
+    SandboxResult,
+    SandboxStatus,
+    Task,
+)
 from services.validator import extract
-from services.validator.base import InfraFailure, InvalidRollout, Verdict, reference
+from services.validator.base import InfraFailure, InvalidRollout, Verdict
+from services.validator.code_harness import program, returned
 from services.validator.sandbox import Sandbox, SandboxRejected
 
-HARNESS: Final = """\
-import json, sys
-nonce = sys.stdin.readline().strip()
-out = sys.stdout
-tests = json.load(open("tests.json"))
-def report(index, ok, why=""):
-    out.write(f"{nonce} {'pass' if ok else 'fail'} {index} {why}\\n")
-    out.flush()
-namespace = {"__name__": "solution"}
-try:
-    exec(compile(open("solution.py").read(), "solution.py", "exec"), namespace)
-except BaseException as error:
-    for index in range(len(tests)):
-        report(index, False, "load: " + type(error).__name__)
-    sys.exit(0)
-for index, test in enumerate(tests):
-    try:
-        exec(compile(test, "test_%d" % index, "exec"), dict(namespace))
-        report(index, True)
-    except BaseException as error:
-        report(index, False, type(error).__name__)
-"""
-
-CPP_HARNESS: Final = """\
-#include <bits/stdc++.h>
-using namespace std;
-#include "solution.cc"
-static void report(const std::string& nonce, int index, bool ok) {
-    std::cout << nonce << (ok ? " pass " : " fail ") << index << std::endl;
-}
-int main() {
-    std::string nonce;
-    std::getline(std::cin, nonce);
-TESTS
-    return 0;
-}
-"""
-CPP_TEST: Final = (
-    "    try {{ report(nonce, {index}, static_cast<bool>({test})); }}"
-    " catch (...) {{ report(nonce, {index}, false); }}"
-)
-JS_HARNESS: Final = """\
-const fs = require('fs');
-const vm = require('vm');
-const nonce = fs.readFileSync(0, 'utf8').split('\\n')[0].trim();
-const report = (index, ok, why = '') =>
-    fs.writeSync(1, `${nonce} ${ok ? 'pass' : 'fail'} ${index} ${why}\\n`);
-const tests = JSON.parse(fs.readFileSync('tests.json', 'utf8'));
-try {
-    vm.runInThisContext(fs.readFileSync('solution.js', 'utf8'), { filename: 'solution.js' });
-} catch (error) {
-    console.error(String(error));
-    tests.forEach((_, index) => report(index, false, 'load: ' + error.name));
-    process.exit(0);
-}
-tests.forEach((test, index) => {
-    try {
-        report(index, vm.runInThisContext(test) === true);
-    } catch (error) {
-        report(index, false, error.name);
-    }
-});
-"""
 #: What the compiler or loader said, at most this much, in a failing score's details.
 MESSAGE_CHARS: Final = 400
+LANGUAGES: Final = ("python", "cpp", "js")
 
 
-def harness(language: str, candidate: str, tests: list[str]) -> tuple[list[str], dict[str, bytes]]:
-    """The command that runs the tests in ``language``, and the files it needs."""
-    if language == "cpp":
-        lines = "\n".join(CPP_TEST.format(index=i, test=t) for i, t in enumerate(tests))
-        main = CPP_HARNESS.replace("TESTS", lines)
-        command = ["sh", "-c", "g++ -O2 -std=c++17 -o main main.cc && exec ./main"]
-        return command, {"solution.cc": candidate.encode(), "main.cc": main.encode()}
-    files = {"solution.js": candidate.encode(), "tests.json": json.dumps(tests).encode()}
-    return ["node", "main.js"], {**files, "main.js": JS_HARNESS.encode()}
+@dataclass(frozen=True)
+class Cases:
+    """The calls to make and the values they must return (kept here, out of the sandbox)."""
+
+    calls: list[str]
+    expected: list[object]
 
 
-def count_passed(stdout: str, nonce: str) -> int:
-    """Tests the harness reported as passed (each index once, whatever the candidate printed)."""
-    passed: set[str] = set()
-    for line in stdout.splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) >= 3 and parts[0] == nonce and parts[1] == "pass":
-            passed.add(parts[2])
-    return len(passed)
+def cases_of(task: Task, language: str) -> Cases:
+    """The task's calls and expected values; InvalidRollout when it has none usable."""
+    metadata = task.metadata
+    if "calls" in metadata or "expected" in metadata:
+        return _cases(task, metadata.get("calls"), metadata.get("expected"))
+    if language == "python" and "tests" in metadata:
+        return _from_asserts(task, metadata["tests"])
+    raise InvalidRollout(f"task {task.id} has no metadata['calls'] and ['expected'] to judge by")
 
 
-def judge(result: SandboxResult, nonce: str, total: int) -> Verdict:
+def _cases(task: Task, calls: object, expected: object) -> Cases:
+    texts = isinstance(calls, list) and isinstance(expected, list)
+    if not texts or not calls or len(calls) != len(expected):  # type: ignore[arg-type]
+        raise InvalidRollout(
+            f"task {task.id}: metadata['calls'] and ['expected'] are not two lists of one length"
+        )
+    assert isinstance(calls, list) and isinstance(expected, list)
+    if not all(isinstance(c, str) for c in calls) or not all(isinstance(e, str) for e in expected):
+        raise InvalidRollout(f"task {task.id}: calls and expected values must be strings")
+    try:
+        values = [ast.literal_eval(text) for text in expected]
+    except (ValueError, SyntaxError) as error:
+        message = f"task {task.id}: an expected value is not a literal: {error}"
+        raise InvalidRollout(message) from None
+    return Cases(list(calls), values)
+
+
+def _from_asserts(task: Task, tests: object) -> Cases:
+    """``assert CALL == LITERAL`` lines (the earlier format) as calls and expected values."""
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+        raise InvalidRollout(f"task {task.id}: metadata['tests'] is not a list of asserts")
+    calls, values = [], []
+    for line in tests:
+        try:
+            [node] = ast.parse(line).body
+            assert isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+            assert [type(op) for op in node.test.ops] == [ast.Eq]
+            calls.append(ast.unparse(node.test.left))
+            values.append(ast.literal_eval(node.test.comparators[0]))
+        except (AssertionError, ValueError, SyntaxError):
+            raise InvalidRollout(
+                f"task {task.id}: test {line[:80]!r} is not `assert CALL == LITERAL`"
+            ) from None
+    return Cases(calls, values)
+
+
+def judge(result: SandboxResult, cases: Cases, language: str) -> Verdict:
     if result.status is SandboxStatus.INFRA_ERROR:
         raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
-    passed = count_passed(result.stdout, nonce)
+    total = len(cases.expected)
+    got = returned(result.stdout, total, language)
+    matched = [i for i, want in enumerate(cases.expected) if i in got and _same(got[i], want)]
     note = "" if result.status is SandboxStatus.OK else f"; the candidate ended {result.status}"
-    said = result.stderr.strip()
-    if passed == 0 and said:  # a compile or load error, most likely: say what it was
+    said = _errors_first(result.stderr)
+    if not matched and said:  # a compile or load error, most likely: say what it was
         note += f"; stderr: {said[:MESSAGE_CHARS]}"
-    return Verdict(passed / total, f"{passed}/{total} tests passed{note}")
+    wrong = [i for i in got if i not in matched]
+    if wrong:
+        note += f"; wrong values for calls {sorted(wrong)[:10]}"
+    return Verdict(len(matched) / total, f"{len(matched)}/{total} tests passed{note}")
+
+
+def _errors_first(stderr: str) -> str:
+    """What the compiler or loader said, its error lines first (notes come before them)."""
+    lines = stderr.strip().splitlines()
+    errors = [line for line in lines if "error" in line.lower()]
+    return "\n".join(errors + [line for line in lines if line not in errors])
+
+
+def _same(got: object, want: object) -> bool:
+    try:
+        return bool(got == want)
+    except RecursionError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -138,14 +139,11 @@ class UnitTests:
     language: str = "python"
 
     async def score(self, rollout: Rollout) -> Verdict:
-        tests = reference(rollout.task, "tests")
-        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
-            raise InvalidRollout(f"task {rollout.task.id}: metadata['tests'] is not a list of code")
+        cases = cases_of(rollout.task, self.language)
         code = extract.code_block(rollout.completion_text, self.language)
         if code is None:
             return Verdict(0.0, f"no ```{self.language} code block")
-        nonce = secrets.token_hex(16)
-        request = self._request(rollout.id, code, tests, nonce)
+        request = self._request(rollout.id, code, cases.calls)
         timeout_s = (self.limits.timeout_s or self.default_timeout_s) + self.grace_s
         try:
             result = await self.sandbox.run(request, timeout_s)
@@ -153,17 +151,15 @@ class UnitTests:
             if error.code is ErrorCode.TOO_LARGE:
                 return Verdict(0.0, f"candidate refused: {error.message}")
             raise InfraFailure(str(error)) from None
-        return judge(result, nonce, len(tests))
+        return judge(result, cases, self.language)
 
-    def _request(self, rollout_id: str, code: str, tests: list[str], nonce: str) -> SandboxExec:
-        common: dict[str, Any] = {
-            "id": f"validate-{rollout_id}",
-            "language": self.language,
-            "stdin": f"{nonce}\n".encode(),
-            "limits": self.limits,
-        }
-        if self.language == "python":
-            files = {"solution.py": code.encode(), "tests.json": json.dumps(tests).encode()}
-            return SandboxExec(code=HARNESS, files=files, **common)
-        command, files = harness(self.language, code, tests)
-        return SandboxExec(command=command, files=files, **common)
+    def _request(self, rollout_id: str, code: str, calls: list[str]) -> SandboxExec:
+        command, harness, files = program(self.language, code, calls)
+        return SandboxExec(
+            id=f"validate-{rollout_id}",
+            language=self.language,
+            code=harness,
+            command=command,
+            files=files,
+            limits=self.limits,
+        )

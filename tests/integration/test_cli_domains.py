@@ -58,7 +58,7 @@ async def test_temper_domains_prints_json_and_text(nats_url: str) -> None:
     listing = json.loads(as_json.out)
     assert listing["type"] == "domain_list"
     by_name = {d["name"]: d for d in listing["domains"]}
-    assert by_name["python_functions"]["metadata_keys"] == ["tests"]
+    assert by_name["python_functions"]["metadata_keys"] == ["calls", "expected"]
     assert by_name["doc_numeric_qa"]["metadata_keys"] == ["document", "answer"]
     assert as_text.code == 0, as_text.err
     assert "metadata    document, answer" in as_text.out and "example     id" in as_text.out

@@ -13,24 +13,29 @@ from pathlib import Path
 
 import pytest
 
+from protocol.messages import ChatMessage, SandboxResult, SandboxStatus, Task
 from services.domains.api import Problem
 from services.domains.compiled_bank import SPECS, CompiledSpec
 from services.domains.compiled_functions import domain
-from services.validator.code import count_passed, harness
+from services.validator.code import Cases, cases_of, judge
+from services.validator.code_harness import program
 from services.validator.extract import code_block
 
 PROGRAMS = {"cpp": "g++", "js": "node"}
 
 
-def run_harness(tmp: Path, language: str, candidate: str, tests: list[str]) -> tuple[int, str]:
-    """(tests passed, stderr) of the validator's harness run in ``tmp``."""
-    command, files = harness(language, candidate, tests)
+def run_harness(tmp: Path, language: str, candidate: str, cases: Cases) -> tuple[int, str]:
+    """(tests passed, stderr) of the validator's harness run in ``tmp``, judged as the
+    validator judges it."""
+    command, _, files = program(language, candidate, cases.calls)
+    assert command is not None
     for name, data in files.items():
         (tmp / name).write_bytes(data)
-    done = subprocess.run(
-        command, cwd=tmp, input="n0nce\n", capture_output=True, text=True, timeout=120
-    )
-    return count_passed(done.stdout, "n0nce"), done.stderr
+    done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=120)
+    status = SandboxStatus.OK if done.returncode == 0 else SandboxStatus.NONZERO_EXIT
+    result = SandboxResult(id="x", status=status, stdout=done.stdout, stderr=done.stderr)
+    verdict = judge(result, cases, language)
+    return round(verdict.score * len(cases.calls)), done.stderr
 
 
 def problem(language: str, key: str) -> Problem:
@@ -55,9 +60,11 @@ def test_every_reference_passes_its_tests(
         drawn = problem(language, key)
         candidate = code_block(drawn.reference, language)
         assert candidate is not None
-        tests = list(drawn.metadata["tests"])
-        passed, stderr = run_harness(tmp_path, language, candidate, tests)
-        assert passed == len(tests), (key, stderr)
+        cases = cases_of(task_of(drawn), language)
+        passed, stderr = run_harness(tmp_path, language, candidate, cases)
+        assert passed == len(cases.calls), (key, stderr)
+        # The example in the prompt is not one of the scored calls.
+        assert not any(f"{call} ==" in drawn.question for call in cases.calls), key
 
 
 @pytest.mark.parametrize(
@@ -72,8 +79,13 @@ def test_wrong_and_broken_candidates(
 ) -> None:
     if shutil.which(PROGRAMS[language]) is None:
         pytest.skip(f"no {PROGRAMS[language]} on this host")
-    tests = list(problem(language, f"{language}:digit_sum:3").metadata["tests"])
-    passed, _ = run_harness(tmp_path, language, wrong, tests)
-    assert 0 <= passed < len(tests)
-    passed, stderr = run_harness(tmp_path, language, broken, tests)
+    cases = cases_of(task_of(problem(language, f"{language}:digit_sum:3")), language)
+    passed, _ = run_harness(tmp_path, language, wrong, cases)
+    assert 0 <= passed < len(cases.calls)
+    passed, stderr = run_harness(tmp_path, language, broken, cases)
     assert passed == 0 and says in stderr
+
+
+def task_of(drawn: Problem) -> Task:
+    prompt = [ChatMessage(role="user", content="q")]
+    return Task(id="t", domain="d", prompt=prompt, metadata=drawn.metadata)

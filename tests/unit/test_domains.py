@@ -70,7 +70,7 @@ def test_tasks_are_deterministic_per_seed_and_valid_protocol(name: str) -> None:
         assert task.id == f"{name}-train-1-{index}"
         assert (
             task.metadata["split"] == "train" and "answer" in task.metadata
-        ) or "tests" in task.metadata
+        ) or "calls" in task.metadata
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -163,5 +163,8 @@ def test_python_tasks_carry_tests_and_sandbox_limits() -> None:
     domain = REGISTRY.get("python_functions")
     task = domain.make_tasks(1)[0]
     assert domain.sandbox is not None and domain.sandbox.timeout_s == 5.0
-    assert task.metadata["tests"][0].startswith(f"assert {task.metadata['entry_point']}(")
+    assert task.metadata["calls"][0].startswith(f"{task.metadata['entry_point']}(")
+    assert len(task.metadata["calls"]) == len(task.metadata["expected"]) == 5
+    # The prompt's example is none of the scored calls.
+    assert not any(f"{call} ==" in task.prompt[-1].content for call in task.metadata["calls"])
     assert "```python" in task.prompt[0].content

@@ -21,7 +21,7 @@ def test_metadata_keys_are_what_the_validators_read() -> None:
         "arithmetic": ["answer"],
         "arithmetic_sum3": ["answer"],
         "math_word_problems": ["answer"],
-        "python_functions": ["tests"],
+        "python_functions": ["calls", "expected"],
         "doc_numeric_qa": ["document", "answer"],
         "tool_use": ["answer"],
     }

@@ -7,7 +7,9 @@ return chosen SandboxResults and errors to test how outcomes are mapped.
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,7 +30,8 @@ from protocol.messages import (
 from services.domains.python_bank import SPECS
 from services.domains.python_functions import reference_function
 from services.validator.base import InfraFailure, InvalidRollout
-from services.validator.code import UnitTests, count_passed
+from services.validator.code import UnitTests, cases_of
+from services.validator.code_harness import MARK, returned
 from services.validator.sandbox import SandboxRejected
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
@@ -112,8 +115,11 @@ async def test_all_tests_pass(tmp_path: Path) -> None:
     verdict = await unit_tests(host).score(rollout(block("def add(a, b):\n    return a + b")))
     assert (verdict.score, verdict.message) == (1.0, "3/3 tests passed")
     request = host.requests[0]
-    assert set(request.files) == {"solution.py", "tests.json"}
-    assert request.limits.timeout_s == 5.0
+    # The calls cross over; the expected values never do.
+    assert set(request.files) == {"solution.py", "calls.json"}
+    assert request.files["calls.json"] == b'["add(1, 2)", "add(-1, 1)", "add(2, 2)"]'
+    assert b"3" not in request.files["calls.json"] + (request.code or "").encode()
+    assert request.stdin == b"" and request.limits.timeout_s == 5.0
 
 
 async def test_partial_credit_is_the_share_passed(tmp_path: Path) -> None:
@@ -132,10 +138,15 @@ async def test_a_crashing_or_silent_candidate_scores_zero(tmp_path: Path) -> Non
     ).message == "no ```python code block"
 
 
-async def test_forged_pass_lines_do_not_count(tmp_path: Path) -> None:
-    forged = "for i in range(3):\n    print('pass', i)\n    print('0' * 32, 'pass', i)"
+async def test_forged_lines_count_only_with_the_values_they_would_have_to_compute(
+    tmp_path: Path,
+) -> None:
+    forged = (
+        f"for i in range(3):\n    print('{MARK}', i, 0)\n    print('pass', i)\n"
+        "def add(a, b):\n    return 0"
+    )
     verdict = await unit_tests(HostPython(tmp_path)).score(rollout(block(forged)))
-    assert verdict.score == 0.0
+    assert verdict.score == pytest.approx(1 / 3)  # add(-1, 1) == 0 is the one it got right
 
 
 async def test_a_candidate_timeout_is_a_low_score_counting_what_passed(tmp_path: Path) -> None:
@@ -176,9 +187,46 @@ async def test_a_task_without_tests_is_invalid() -> None:
         await unit_tests(HostPython(Path("."))).score(rollout(block("x = 1"), tests=[]))
 
 
-def test_count_passed_counts_each_test_once() -> None:
-    out = "n pass 0 \nn pass 0 \nn fail 1 Error\nm pass 2 \nn pass 3 \n"
-    assert count_passed(out, "n") == 2
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"calls": ["f(1)"], "expected": []}, "two lists of one length"),
+        ({"calls": ["f(1)"], "expected": ["f(1)"]}, "not a literal"),
+        ({"calls": [1], "expected": ["1"]}, "must be strings"),
+        ({"tests": ["assert f(1) != 2"]}, "is not `assert CALL == LITERAL`"),
+        ({"tests": ["assert f(1) == g(2)"]}, "is not `assert CALL == LITERAL`"),
+        ({}, "no metadata['calls']"),
+    ],
+)
+def test_bad_task_metadata_is_invalid_with_its_reason(
+    metadata: dict[str, object], says: str
+) -> None:
+    prompt = [ChatMessage(role="user", content="q")]
+    task = Task(id="t", domain="py", prompt=prompt, metadata=metadata)
+    with pytest.raises(InvalidRollout, match=re.escape(says)):
+        cases_of(task, "python")
+
+
+def test_old_asserts_split_into_calls_and_expected_values() -> None:
+    task = rollout("").task
+    cases = cases_of(task, "python")
+    assert (cases.calls, cases.expected) == (["add(1, 2)", "add(-1, 1)", "add(2, 2)"], [3, 0, 4])
+
+
+def test_returned_takes_the_first_readable_value_of_each_call_in_range() -> None:
+    out = "\n".join(
+        [
+            f"{MARK} 0 1",
+            f"{MARK} 0 2",  # a second line for a call does not replace the first
+            f"{MARK} 1 not a literal",
+            f"{MARK} 1 [1, 2]",
+            f"{MARK} 7 5",  # no call 7
+            f"{MARK} -1 5",
+            f"x{MARK} 2 5",
+        ]
+    )
+    assert returned(out, 3, "python") == {0: 1, 1: [1, 2]}
+    assert returned(f'{MARK} 0 {{"a": [true, null]}}', 1, "js") == {0: {"a": [True, None]}}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
@@ -194,5 +242,7 @@ def test_every_bank_reference_passes_its_own_tests(spec: object) -> None:
         problem = source.draw(rng)
         variant = int(problem.key.rsplit(":", 1)[1])
         namespace = {problem.metadata["entry_point"]: reference_function(spec, variant)}  # type: ignore[arg-type]
-        for test in problem.metadata["tests"]:
-            exec(test, dict(namespace))
+        calls, expected = problem.metadata["calls"], problem.metadata["expected"]
+        for call, want in zip(calls, expected, strict=True):
+            # The expected values are literals the validator can read back, and right.
+            assert eval(call, dict(namespace)) == ast.literal_eval(want), call
