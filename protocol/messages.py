@@ -246,6 +246,12 @@ class Rollout(Message, tag="rollout"):
     created_at: float | None = None
     #: Set with ``status == infra_failure``: what failed.
     failure: FailureKind | None = None
+    #: The sandbox snapshot of its tool session as the sample left it (a terminal task is
+    #: judged from it, not from a replay); ``None`` when it opened no session.
+    snapshot: str | None = None
+    #: Why that end snapshot could not be taken (a work directory that cannot be
+    #: archived, e.g. too big): the rollout is judged on that state, not replayed.
+    snapshot_error: str | None = None
 
     def __post_init__(self) -> None:
         total = _require_items("tokens", self.tokens, I32.itemsize)

@@ -37,7 +37,13 @@ from services.generator.engine import (
     Sampling,
     TurnTimeout,
 )
-from services.generator.tools import ToolBox, ToolInfraError, ToolSession, parse_tool_call
+from services.generator.tools import (
+    ToolBox,
+    ToolInfraError,
+    ToolSession,
+    WorkspaceUnsaved,
+    parse_tool_call,
+)
 from services.generator.trajectory import LoopLimits, Trajectory
 from services.model.tokens import ChatTokenizer
 
@@ -164,6 +170,7 @@ class AgentLoop:
             trajectory.fail(RolloutStatus.INVALID, str(error))
         finally:
             if session is not None:
+                await _save_end(trajectory, session)
                 await session.close()
 
     def _wants_tool(self, task: Task, trajectory: Trajectory) -> bool:
@@ -273,6 +280,9 @@ class AgentLoop:
             status=t.status,
             error=t.error,
             failure=t.failure,
+            # A resumed sample that opened no session since ends in the state it resumed.
+            snapshot=t.end_snapshot or t.snapshot,
+            snapshot_error=t.end_snapshot_error,
             timings=Timings(
                 queued_s=queued, generate_s=t.generate_s, tool_s=t.tool_s, total_s=now - started
             ),
@@ -336,6 +346,21 @@ async def _suspend(trajectory: Trajectory, session: ToolSession | None) -> None:
     started = time.monotonic()
     snapshot = await _snapshot(trajectory, session)
     trajectory.suspend(snapshot, time.monotonic() - started)
+
+
+async def _save_end(trajectory: Trajectory, session: ToolSession) -> None:
+    """Snapshot the sandbox of a finished sample: the judge scores the state the model
+    actually left, in a session of its own (a replay may not be what the model saw)."""
+    if trajectory.suspended or trajectory.status is not RolloutStatus.OK:
+        return
+    try:
+        trajectory.end_snapshot = await session.snapshot()
+    except WorkspaceUnsaved as error:
+        trajectory.end_snapshot_error = str(error)
+    except ToolInfraError as error:
+        trajectory.fail(
+            RolloutStatus.INFRA_FAILURE, f"tool: end snapshot: {error}", FailureKind.TOOL
+        )
 
 
 async def _snapshot(trajectory: Trajectory, session: ToolSession | None) -> str | None:

@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 
 from protocol import headers, subjects
 from protocol.codec import Codec, encode
-from protocol.errors import DecodeError
+from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import (
     ErrorReply,
     SandboxClose,
@@ -42,6 +42,12 @@ SANDBOX_TOOLS: Mapping[str, str] = {"python": "python", "bash": "bash"}
 
 class ToolInfraError(RuntimeError):
     """The tool machinery failed (no sandbox, sandbox crashed): the rollout is infra_failure."""
+
+
+class WorkspaceUnsaved(ToolInfraError):
+    """The sandbox refused to snapshot what the sample left (a work directory that cannot
+    be archived, a sandbox its own command spoiled): the sample's doing at its end (the
+    loop records it), an infra failure where a checkpoint or a preemption needs one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,11 +262,11 @@ class _SandboxSession:
         if self._session is None:
             return self._start.snapshot  # not opened again since: that state still holds
         request = SandboxSnapshotRequest(session=self._session.session)
-        reply = _decoded(
-            _SNAPSHOT_REPLY,
-            await self._request(self._session.subject, encode(request)),
-            "sandbox refused the snapshot",
-        )
+        data = await self._request(self._session.subject, encode(request))
+        refused = _refused(data)
+        if refused is not None:
+            raise WorkspaceUnsaved(refused)
+        reply = _decoded(_SNAPSHOT_REPLY, data, "sandbox refused the snapshot")
         assert isinstance(reply, SandboxSnapshot)
         return reply.snapshot
 
@@ -298,6 +304,17 @@ def _decoded_result(data: bytes) -> SandboxResult:
     if reply.status is SandboxStatus.INFRA_ERROR:
         raise ToolInfraError(f"sandbox failed: {reply.error or 'infra_error'}")
     return reply
+
+
+def _refused(data: bytes) -> str | None:
+    """A ``bad_request`` reply's message: the request was sound, the workspace was not."""
+    try:
+        reply = _SNAPSHOT_REPLY.decode(data)
+    except DecodeError:
+        return None
+    if isinstance(reply, ErrorReply) and reply.code is ErrorCode.BAD_REQUEST:
+        return reply.message
+    return None
 
 
 def _decoded(codec: Codec[Any], data: bytes, refused: str) -> object:

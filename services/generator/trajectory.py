@@ -61,6 +61,9 @@ class Trajectory:
     restore_s: float = 0.0
     #: Its state at the last turn boundary, when checkpoints are on.
     checkpoint: SavedTrajectory | None = None
+    #: The snapshot of its sandbox at its end (what a judge reads), or why none was taken.
+    end_snapshot: str | None = None
+    end_snapshot_error: str | None = None
 
     @classmethod
     def restored(cls, saved: SavedTrajectory, prompt: list[int]) -> Trajectory:

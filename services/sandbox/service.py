@@ -35,7 +35,7 @@ from protocol.messages import (
 from services.runtime.errors import RequestRejected
 from services.runtime.responder import Request
 from services.runtime.service import Service
-from services.sandbox.agent_client import AgentError, ExecRequest
+from services.sandbox.agent_client import AgentError, AgentRejected, ExecRequest
 from services.sandbox.backend import Backend, Box, Outcome, SandboxUnavailable
 from services.sandbox.limits import resolve
 from services.sandbox.settings import Limits, SandboxSettings
@@ -294,6 +294,12 @@ class SandboxService(Service):
             session.renew()
             try:
                 data = await session.box.agent.archive(timeout_s=session.limits.timeout_s)
+            except AgentRejected as error:
+                # What code left cannot be archived (too big): the workspace's state,
+                # a bad request, not the service failing.
+                raise RequestRejected(
+                    ErrorCode.BAD_REQUEST, f"the work directory cannot be archived: {error.error}"
+                ) from None
             except AgentError as error:
                 raise RequestRejected(ErrorCode.UNAVAILABLE, f"cannot archive: {error}") from None
         return await self.snapshots.save(session.id, data)

@@ -1,8 +1,12 @@
-"""Sandbox sessions for validators: open one with files, run bash in it, close it.
+"""Sandbox sessions for validators: open one with files or from a snapshot, run in it,
+snapshot it, close it.
 
 The multi-step sibling of :mod:`services.validator.sandbox`: every way a request can
 fail without the answer asked for (no sandbox service, no answer in time, an error
-reply, bytes that do not decode) is an :class:`InfraFailure`, never a score.
+reply, bytes that do not decode) is an :class:`InfraFailure`, never a score.  The one
+exception is a snapshot refused as ``bad_request``: the work directory the commands left
+cannot be archived (or their sandbox is gone), which is the candidate's doing:
+:class:`WorkspaceLost`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from nats.aio.client import Client as NATS
 
 from protocol import headers, subjects
 from protocol.codec import Codec, encode
-from protocol.errors import DecodeError
+from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import (
     ErrorReply,
     SandboxClose,
@@ -26,17 +30,33 @@ from protocol.messages import (
     SandboxOpen,
     SandboxResult,
     SandboxSession,
+    SandboxSnapshot,
+    SandboxSnapshotRequest,
 )
 from services.validator.base import InfraFailure
 
 _OPENED: Final[Codec[SandboxSession | ErrorReply]] = Codec(SandboxSession | ErrorReply)
 _RAN: Final[Codec[SandboxResult | ErrorReply]] = Codec(SandboxResult | ErrorReply)
+_SAVED: Final[Codec[SandboxSnapshot | ErrorReply]] = Codec(SandboxSnapshot | ErrorReply)
 #: Seconds a close may take; an unclosed session is reclaimed by its lease anyway.
 CLOSE_TIMEOUT_S: Final = 5.0
 
 
+class WorkspaceLost(Exception):
+    """The session's work directory cannot be snapshotted: what its commands left."""
+
+
 class ShellSession(Protocol):
     async def run(self, language: str, code: str, stdin: bytes = b"") -> SandboxResult: ...
+
+    async def probe(self, command: list[str], outputs: list[str]) -> SandboxResult:
+        """Execute ``command`` (argv, no shell of the session's language) and send back
+        the work-directory files ``outputs`` that are regular files and fit."""
+        ...
+
+    async def snapshot(self) -> str:
+        """Archive the work directory; its snapshot id (or :class:`WorkspaceLost`)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -45,7 +65,11 @@ class Sessions(Protocol):
     """Opens sandbox sessions; tests substitute fakes at this boundary."""
 
     async def open(
-        self, name: str, files: Mapping[str, bytes], limits: SandboxLimits
+        self,
+        name: str,
+        files: Mapping[str, bytes],
+        limits: SandboxLimits,
+        snapshot: str | None = None,
     ) -> ShellSession: ...
 
 
@@ -58,9 +82,16 @@ class NatsSessions:
         self._timeout_s = timeout_s
 
     async def open(
-        self, name: str, files: Mapping[str, bytes], limits: SandboxLimits
+        self,
+        name: str,
+        files: Mapping[str, bytes],
+        limits: SandboxLimits,
+        snapshot: str | None = None,
     ) -> ShellSession:
-        request = SandboxOpen(id=f"{name}-{uuid.uuid4().hex[:8]}", files=dict(files), limits=limits)
+        # A snapshot our store no longer has is refused: an InfraFailure like any refusal.
+        request = SandboxOpen(
+            id=f"{name}-{uuid.uuid4().hex[:8]}", files=dict(files), limits=limits, snapshot=snapshot
+        )
         reply = await _request(
             self._nc, subjects.sandbox_session(), encode(request), self._timeout_s
         )
@@ -83,10 +114,32 @@ class _NatsSession:
             code=code,
             stdin=stdin,
         )
+        return await self._exec(request)
+
+    async def probe(self, command: list[str], outputs: list[str]) -> SandboxResult:
+        request = SandboxExec(
+            id=uuid.uuid4().hex, session=self._session.session, command=command, outputs=outputs
+        )
+        return await self._exec(request)
+
+    async def _exec(self, request: SandboxExec) -> SandboxResult:
         reply = await _request(self._nc, self._session.subject, encode(request), self._timeout_s)
         result = _decoded(_RAN, reply, "sandbox refused the exec")
         assert isinstance(result, SandboxResult)
         return result
+
+    async def snapshot(self) -> str:
+        request = SandboxSnapshotRequest(session=self._session.session)
+        reply = await _request(self._nc, self._session.subject, encode(request), self._timeout_s)
+        try:
+            saved = _SAVED.decode(reply)
+        except DecodeError as error:
+            raise InfraFailure(f"the sandbox sent an unreadable reply: {error.message}") from None
+        if isinstance(saved, ErrorReply) and saved.code is ErrorCode.BAD_REQUEST:
+            raise WorkspaceLost(saved.message)
+        done = _decoded(_SAVED, reply, "sandbox refused the snapshot")
+        assert isinstance(done, SandboxSnapshot)
+        return done.snapshot
 
     async def close(self) -> None:
         close = encode(SandboxClose(session=self._session.session))

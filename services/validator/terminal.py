@@ -1,29 +1,37 @@
-"""Terminal tasks judged by a hidden test, run after the policy's commands are replayed.
+"""Terminal tasks judged by probes, in sessions the policy has never been in.
 
-The validator opens a fresh sandbox session with the task's files (as the generator
-did), replays the rollout's bash calls in their order, then runs the hidden test as
-the session's last exec (see :mod:`services.domains.terminal` for why a replay).  The
-test is built here from ``task.metadata["checks"]``: each check is a bash condition run
-in its own ``bash -c`` under a time limit, and reports one line prefixed with a nonce
-read from stdin, so a command that printed "pass" lines does not count.
+The state judged is the one the model left: the generator snapshots each trajectory's
+session at its end (``Rollout.snapshot``).  A rollout without one (an older generator,
+a rollout built by hand) is replayed in a session of its own with the task's files;
+where the rollout recorded what a call printed, the replay must print the same, or the
+rollout scores 0 (a replay is not what the model saw, so it must never earn more than
+the faithful state would), and the replayed session is then snapshotted.  A rollout
+whose end snapshot could not be taken (``snapshot_error``: a work directory that cannot
+be archived, a sandbox its own command spoiled) scores 0.
+
+Each check's probe (see :mod:`services.validator.terminal_probes`) then runs in a fresh
+session opened from that snapshot: only the work directory's files, no process of the
+policy's session, a clean environment, one session per probe so that nothing a probe
+starts outlives it.  Only the probe's recipe enters the sandbox; its observation comes
+back and is compared with the expected value here.
 
 Reward: the share of checks that pass.  The details name each failed check with its
 message, and the chain: turns, commands, failed commands and the ones recovered from.
-A sandbox that fails (no service, no answer, ``infra_error``) is an InfraFailure.
+Statuses: a sandbox that fails (no service, no answer, ``infra_error``, a snapshot our
+store lost) is an InfraFailure; whatever the candidate did to its workspace scores low.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import shlex
 from dataclasses import dataclass
 from typing import Any, Final
 
 from protocol.messages import Rollout, SandboxLimits, SandboxResult, SandboxStatus, ToolCall
 from services.domains.api import SANDBOX_FILES
 from services.validator.base import InfraFailure, InvalidRollout, Verdict, reference
-from services.validator.sessions import Sessions, ShellSession
+from services.validator.sessions import Sessions, ShellSession, WorkspaceLost
+from services.validator.terminal_probes import Check, argv, holds, observed, parse_check
 
 #: Tool calls replayed, by tool name -> sandbox language; other tools never ran a command.
 REPLAYED: Final = {"bash": "bash"}
@@ -31,44 +39,14 @@ REPLAYED: Final = {"bash": "bash"}
 NEVER_RAN: Final = frozenset({"invalid", "error"})
 #: Statuses after which the sandbox is gone: later commands and the test cannot run.
 LOST: Final = frozenset({SandboxStatus.TIMEOUT, SandboxStatus.OOM, SandboxStatus.KILLED})
-#: Seconds one check may run.
-CHECK_TIMEOUT_S: Final = 20
-TEST_PRELUDE: Final = f"""\
-read -r nonce
-check() {{
-    if timeout {CHECK_TIMEOUT_S} bash -c "$2" </dev/null >/dev/null 2>&1; then
-        echo "$nonce pass $1"
-    else
-        echo "$nonce fail $1"
-    fi
-}}
-"""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    name: str
-    message: str
-    condition: str
 
 
 def checks_of(rollout: Rollout) -> list[Check]:
     raw = reference(rollout.task, "checks")
-    try:
-        checks = [Check(**item) for item in raw]
-    except TypeError:
-        raise InvalidRollout(
-            f"task {rollout.task.id}: metadata['checks'] is not a list of name/message/condition"
-        ) from None
-    if not checks or not all(_well_formed(c) for c in checks):
+    checks = [parse_check(item) for item in raw] if isinstance(raw, list) else [None]
+    if not checks or any(c is None for c in checks):
         raise InvalidRollout(f"task {rollout.task.id}: checks are missing or badly formed")
-    return checks
-
-
-def _well_formed(check: Check) -> bool:
-    # Names go into the test script unquoted and back through its output: identifiers only.
-    texts = (check.name, check.message, check.condition)
-    return all(isinstance(t, str) for t in texts) and check.name.isidentifier()
+    return [c for c in checks if c is not None]
 
 
 def files_of(rollout: Rollout) -> dict[str, bytes]:
@@ -80,21 +58,33 @@ def files_of(rollout: Rollout) -> dict[str, bytes]:
     return {str(path): text.encode() for path, text in files.items()}
 
 
-def hidden_test_script(checks: list[Check]) -> str:
-    lines = [f"check {c.name} {shlex.quote(c.condition)}" for c in checks]
-    return TEST_PRELUDE + "\n".join(lines) + "\n"
-
-
-def commands(calls: list[ToolCall]) -> list[tuple[str, str]]:
-    """(language, code) of each call that ran a command, in the order they ran."""
+def replayed(calls: list[ToolCall]) -> list[tuple[ToolCall, str, str]]:
+    """(call, language, code) of each call that ran a command, in the order they ran."""
     found = []
     for call in calls:
         if call.name not in REPLAYED or call.status in NEVER_RAN:
             continue
         code = _code(call.arguments)
         if code is not None:
-            found.append((REPLAYED[call.name], code))
+            found.append((call, REPLAYED[call.name], code))
     return found
+
+
+def commands(calls: list[ToolCall]) -> list[tuple[str, str]]:
+    """(language, code) of each call that ran a command, in the order they ran."""
+    return [(language, code) for _, language, code in replayed(calls)]
+
+
+def as_seen(result: SandboxResult) -> str:
+    """What the model read of a call (as the generator's tools build it)."""
+    return result.stdout + (f"\n{result.stderr}" if result.stderr else "")
+
+
+def unfaithful(call: ToolCall, result: SandboxResult) -> bool:
+    """The replay differs from what the rollout says the model saw (when it says)."""
+    if not call.output:
+        return False  # not recorded (a rollout built by hand): nothing to compare
+    return call.output != as_seen(result) or call.status != result.status.value
 
 
 def _code(arguments: str) -> str | None:
@@ -116,21 +106,16 @@ def chain(rollout: Rollout) -> str:
     return f"{turns} turns, {len(statuses)} calls, {len(failed)} failed, {recovered} recovered"
 
 
-def judge(result: SandboxResult, nonce: str, checks: list[Check]) -> tuple[float, str]:
-    """Share of checks passed, and what failed (a check that never reported failed)."""
-    if result.status is SandboxStatus.INFRA_ERROR:
-        raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
-    passed: set[str] = set()
-    for line in result.stdout.splitlines():
-        parts = line.split(" ")
-        if len(parts) == 3 and parts[0] == nonce and parts[1] == "pass":
-            passed.add(parts[2])
-    failing = [f"{c.name} ({c.message})" for c in checks if c.name not in passed]
-    score = (len(checks) - len(failing)) / len(checks)
-    summary = f"{len(checks) - len(failing)}/{len(checks)} checks passed"
-    if result.status is not SandboxStatus.OK:
-        summary += f"; the test ended {result.status}"
-    return score, summary + (f"; failed: {'; '.join(failing)}" if failing else "")
+def verdict(checks: list[Check], results: list[tuple[bool, str]]) -> tuple[float, str]:
+    """Share of checks passed, and what failed (with how its probe ended, if badly)."""
+    failing = [
+        f"{c.name} ({c.message}){note}"
+        for c, (ok, note) in zip(checks, results, strict=True)
+        if not ok
+    ]
+    passed = len(checks) - len(failing)
+    summary = f"{passed}/{len(checks)} checks passed"
+    return passed / len(checks), summary + (f"; failed: {'; '.join(failing)}" if failing else "")
 
 
 @dataclass(frozen=True)
@@ -141,24 +126,66 @@ class HiddenTest:
     async def score(self, rollout: Rollout) -> Verdict:
         checks = checks_of(rollout)
         files = files_of(rollout)
-        session = await self.sessions.open(f"judge-{rollout.id}", files, self.limits)
-        try:
-            lost = await self._replay(session, commands(list(rollout.tool_calls)))
-            if lost:
-                return Verdict(0.0, f"{lost}; {chain(rollout)}")
-            nonce = secrets.token_hex(16)
-            result = await session.run("bash", hidden_test_script(checks), f"{nonce}\n".encode())
-        finally:
-            await session.close()
-        score, summary = judge(result, nonce, checks)
+        if rollout.snapshot_error:
+            said = f"the work directory could not be saved: {rollout.snapshot_error}"
+            return Verdict(0.0, f"0/{len(checks)} checks run; {said}; {chain(rollout)}")
+        snapshot = rollout.snapshot
+        if snapshot is None:
+            snapshot, problem = await self._replay(rollout, files)
+            if snapshot is None:
+                return Verdict(0.0, f"0/{len(checks)} checks run; {problem}; {chain(rollout)}")
+        results = [await self._probe(rollout, snapshot, check) for check in checks]
+        score, summary = verdict(checks, results)
         return Verdict(score, f"{summary}; {chain(rollout)}")
 
-    async def _replay(self, session: ShellSession, replayed: list[tuple[str, str]]) -> str:
-        """Run the commands in order; the reason the sandbox was lost, or ``""``."""
-        for index, (language, code) in enumerate(replayed):
+    async def _probe(self, rollout: Rollout, snapshot: str, check: Check) -> tuple[bool, str]:
+        """Whether the check holds, in a session of its own opened from the snapshot."""
+        command, outputs = argv(check.probe)
+        session = await self.sessions.open(f"check-{rollout.id}", {}, self.limits, snapshot)
+        try:
+            result = await session.probe(command, outputs)
+        finally:
+            await session.close()
+        _raise_infra(result)
+        ended = result.status not in (SandboxStatus.OK, SandboxStatus.NONZERO_EXIT)
+        note = f" [the probe ended {result.status}]" if ended else ""
+        return holds(check.probe, observed(check.probe, result)), note
+
+    async def _replay(self, rollout: Rollout, files: dict[str, bytes]) -> tuple[str | None, str]:
+        """Replay the commands in a session with the task's files and snapshot it: the
+        snapshot, or None and why the rollout scores 0."""
+        session = await self.sessions.open(f"replay-{rollout.id}", files, self.limits)
+        try:
+            problem = await self._run_all(session, replayed(list(rollout.tool_calls)))
+            if problem:
+                return None, problem
+            try:
+                return await session.snapshot(), ""
+            except WorkspaceLost as error:
+                return None, f"the work directory could not be saved: {error}"
+        finally:
+            await session.close()
+
+    async def _run_all(self, session: ShellSession, calls: list[tuple[ToolCall, str, str]]) -> str:
+        """Run the commands in order; why the replay cannot be judged, or ``""``."""
+        for index, (call, language, code) in enumerate(calls):
             result = await session.run(language, code)
-            if result.status is SandboxStatus.INFRA_ERROR:
-                raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
+            _raise_infra(result)
+            if unfaithful(call, result):
+                return (
+                    f"the replay of command {index + 1} differs from what the model saw "
+                    f"(it printed {_clip(as_seen(result))!r} and ended {result.status}): "
+                    "not judged on a replay"
+                )
             if result.status in LOST:
                 return f"command {index + 1} ended {result.status}: no sandbox left to test"
         return ""
+
+
+def _raise_infra(result: SandboxResult) -> None:
+    if result.status is SandboxStatus.INFRA_ERROR:
+        raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
+
+
+def _clip(text: str, size: int = 80) -> str:
+    return text if len(text) <= size else text[:size] + "..."

@@ -8,6 +8,7 @@ in well under a minute.  Skips without Docker, unless CI=true or TEMPER_REQUIRE_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import tempfile
@@ -26,7 +27,7 @@ from services.domains import DomainRegistry
 from services.domains.terminal.base import Made
 from services.domains.terminal.family import TEMPLATES, domain, problem
 from services.generator.agent import AgentLoop
-from services.generator.tools import SandboxTools
+from services.generator.tools import SandboxTools, ToolCallRequest, WorkspaceUnsaved
 from services.model.tokens import ChatTokenizer
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService
@@ -89,6 +90,29 @@ def rollout(task: Task, commands: tuple[str, ...]) -> Rollout:
     )
 
 
+async def live(nc: NATS, task: Task, commands: tuple[str, ...]) -> Rollout:
+    """The rollout of a trajectory whose bash calls are ``commands``, as the generator
+    makes it: run in one real session, outputs recorded, snapshotted at the end."""
+    files = {p: t.encode() for p, t in task.metadata["sandbox_files"].items()}
+    session = await SandboxTools(nc, timeout_s=90).open(f"{task.id}/0", ("bash",), files)
+    calls: list[ToolCall] = []
+    snapshot, error = None, None
+    try:
+        for turn, command in enumerate(commands):
+            body = json.dumps({"name": "bash", "arguments": {"code": command}})
+            request = ToolCallRequest(name="bash", arguments={"code": command}, raw=body)
+            outcome = await session.call(request)
+            call = ToolCall(turn=turn, name="bash", arguments=body, output=outcome.output)
+            calls.append(msgspec.structs.replace(call, status=outcome.status))
+        snapshot = await session.snapshot()
+    except WorkspaceUnsaved as unsaved:  # as the generator records it; infra would raise
+        error = str(unsaved)
+    finally:
+        await session.close()
+    base = rollout(task, ())
+    return msgspec.structs.replace(base, tool_calls=calls, snapshot=snapshot, snapshot_error=error)
+
+
 async def score_all(js: JetStreamContext, rollouts: list[Rollout]) -> dict[str, ScoredRollout]:
     for item in rollouts:
         await publish(js, item)
@@ -131,6 +155,23 @@ async def test_every_template_solved_scores_one_and_untouched_scores_less(stack:
     assert "2 calls, 1 failed, 1 recovered" in said
 
 
+async def test_every_template_solved_in_a_live_session_scores_one_from_its_snapshot(
+    stack: NATS,
+) -> None:
+    """The generator's path: commands run in a session, which is snapshotted at the end;
+    the judge probes the snapshot and replays nothing."""
+    names = sorted(TEMPLATES)
+    tasks = [task_of(n, "live", i) for i, n in enumerate(names)]
+    made_ = await asyncio.gather(
+        *(live(stack, t, made(n).solution) for t, n in zip(tasks, names, strict=True))
+    )
+    assert all(r.snapshot for r in made_)
+    scores = await score_all(stack.jetstream(), list(made_))
+    for name, task in zip(names, tasks, strict=True):
+        judged = scores[task.id]
+        assert (judged.status, judged.reward) == (ScoreStatus.SCORED, 1.0), (name, judged.details)
+
+
 async def test_a_generated_trajectory_sees_the_files_and_is_judged_on_its_commands(
     stack: NATS, tiny_model: Path
 ) -> None:
@@ -143,6 +184,7 @@ async def test_a_generated_trajectory_sees_the_files_and_is_judged_on_its_comman
     engine = ScriptedEngine([*turns, tokenizer.encode("Done.") + list(tokenizer.eos_ids)])
     loop = AgentLoop(engine, tokenizer, SandboxTools(stack, timeout_s=30))
     [generated] = await loop.run(task_of(name, "generated", 0))
+    assert generated.snapshot is not None and generated.snapshot_error is None  # judged on it
     listing, missing = generated.tool_calls[0], generated.tool_calls[1]
     assert listing.status == "ok" and listing.output.strip().endswith(".log"), listing
     assert missing.status == "nonzero_exit", missing

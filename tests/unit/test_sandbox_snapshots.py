@@ -30,7 +30,9 @@ async def test_archive_then_extract_restores_the_workdir(
     assert os.listdir(agent.workdir) == []
     (agent.workdir / "stale.txt").write_text("replaced")
     assert await client.extract(data, timeout_s=5) == 2
-    assert sorted(os.listdir(agent.workdir)) == ["d", "empty", "top.txt"]  # no link, no stale file
+    # The link comes back as a link (never followed), the stale file is gone.
+    assert sorted(os.listdir(agent.workdir)) == ["d", "empty", "link", "top.txt"]
+    assert os.readlink(agent.workdir / "link") == "/etc/passwd"
     assert (agent.workdir / "d" / "e" / "f.txt").read_text() == "deep"
     reply = await run(client, code="print(open('top.txt').read())")
     assert reply.stdout == b"top\n"
@@ -62,15 +64,53 @@ async def test_extract_refuses_paths_leaving_the_workdir(
     assert not (agent.workdir.parent / "escape.txt").exists()
 
 
-async def test_extract_refuses_links_and_garbage(client: AgentClient) -> None:
-    link = tarfile.TarInfo("link")
-    link.type = tarfile.SYMTYPE
-    link.linkname = "/etc/passwd"
-    with pytest.raises(AgentRejected):
-        await client.extract(_tar((link, b"")), timeout_s=5)
+async def test_extract_refuses_devices_hard_links_and_garbage(client: AgentClient) -> None:
+    for kind in (tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE):
+        member = tarfile.TarInfo("odd")
+        member.type = kind
+        member.linkname = "/etc/passwd"
+        with pytest.raises(AgentRejected):
+            await client.extract(_tar((member, b"")), timeout_s=5)
     with pytest.raises(AgentRejected):
         await client.extract(b"not a tar at all", timeout_s=5)
     assert (await run(client, code="print(1)")).stdout == b"1\n"  # still serving
+
+
+async def test_modes_code_took_away_survive_a_snapshot(
+    client: AgentClient, agent: RunningAgent
+) -> None:
+    """``chmod 000`` on the workdir, a folder and a file: the archive still reads them
+    (the agent owns them), puts the modes back, and extract restores them."""
+    await run(
+        client,
+        code="import os; os.makedirs('shut'); open('shut/in.txt','w').write('inside'); "
+        "open('key','w').write('k'); os.chmod('key', 0o600); open('run.sh','w').write('x'); "
+        "os.chmod('run.sh', 0o755); os.chmod('shut/in.txt', 0); os.chmod('shut', 0); "
+        "os.chmod('.', 0)",
+    )
+    data = await client.archive(timeout_s=5)
+    assert os.stat(agent.workdir / "shut").st_mode & 0o777 == 0  # left as code left it
+    await client.reset(timeout_s=5)
+    assert await client.extract(data, timeout_s=5) == 3
+    modes = {n: os.stat(agent.workdir / n).st_mode & 0o777 for n in ("shut", "key", "run.sh")}
+    assert modes == {"shut": 0, "key": 0o600, "run.sh": 0o755}
+    os.chmod(agent.workdir / "shut", 0o700)
+    assert os.stat(agent.workdir / "shut" / "in.txt").st_mode & 0o777 == 0
+    os.chmod(agent.workdir / "shut" / "in.txt", 0o600)
+    assert (agent.workdir / "shut" / "in.txt").read_text() == "inside"
+
+
+# Root ignores modes: run as root, the agent could never be shut out (the Docker
+# sandbox's uid is: tests/adversarial/test_terminal.py covers it there).
+@pytest.mark.skipif(os.geteuid() == 0, reason="root is never shut out by modes")
+async def test_a_run_after_chmod_000_of_the_workdir_still_starts(client: AgentClient) -> None:
+    await run(client, code="import os; os.chmod('.', 0)")
+    reply = await run(client, code="print(len(__import__('os').listdir('.')))")
+    assert reply.stdout == b"0\n", reply
+    # bash runs from a code file the agent writes into the workdir first.
+    await run(client, language="bash", code="chmod 000 .")
+    reply = await run(client, language="bash", code="echo still here")
+    assert (reply.status, reply.stdout) == ("ok", b"still here\n"), reply
 
 
 async def test_store_saves_whole_files_with_a_digest(tmp_path: Path) -> None:

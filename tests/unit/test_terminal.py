@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -15,28 +14,20 @@ import pytest
 from protocol.messages import (
     Rollout,
     RolloutStatus,
-    SandboxLimits,
-    SandboxResult,
-    SandboxStatus,
     Segment,
     ToolCall,
 )
 from services.domains.api import SANDBOX_FILES, DomainError
 from services.domains.terminal.family import CATEGORIES, TEMPLATES, domain, problem
 from services.generator.agent import AgentLoop
-from services.generator.tools import LocalTools, ToolSession
+from services.generator.tools import (
+    LocalTools,
+    ToolSession,
+)
 from services.model.tokens import ChatTokenizer
-from services.validator.base import InfraFailure, InvalidRollout
 from services.validator.catalog import metadata_keys
 from services.validator.factory import Resources, build
-from services.validator.terminal import (
-    HiddenTest,
-    chain,
-    checks_of,
-    commands,
-    hidden_test_script,
-    judge,
-)
+from services.validator.terminal import chain, commands
 from tests.unit.test_generator_agent import ScriptedEngine
 
 TERMINAL = domain("terminal", {})
@@ -66,7 +57,7 @@ def test_tasks_carry_files_and_checks_never_in_the_prompt() -> None:
         assert task.tools == ["bash"] and task.max_turns == 8
         assert task.metadata[SANDBOX_FILES] and task.metadata["checks"]
         shown = " ".join(m.content for m in task.prompt)
-        assert all(c["condition"] not in shown for c in task.metadata["checks"])
+        assert all(json.dumps(c["probe"]) not in shown for c in task.metadata["checks"])
     assert metadata_keys(TERMINAL) == [SANDBOX_FILES, "checks"]
     assert {t.metadata["template"] for t in train + held} <= set(TEMPLATES)
 
@@ -84,8 +75,9 @@ def call(name: str, code: str, status: str = "ok", turn: int = 0) -> ToolCall:
     return ToolCall(turn=turn, name=name, arguments=body, status=status)
 
 
-def rollout_of(template: str, calls: list[ToolCall], turns: int = 0) -> Rollout:
-    task = TERMINAL.task(problem(template, TEMPLATES[template](random.Random(1))), "train", 0, 0)
+def rollout_of(template: str, calls: list[ToolCall], turns: int = 0, seed: int = 1) -> Rollout:
+    made = TEMPLATES[template](random.Random(seed))
+    task = TERMINAL.task(problem(template, made), "train", 0, 0)
     segments = [Segment(start=i, end=i + 1, kind="gen") for i in range(turns)]
     return Rollout(id="r/0", task=task, sample_index=0, tool_calls=calls, segments=segments)
 
@@ -104,94 +96,6 @@ def test_only_calls_that_ran_a_command_are_replayed_in_order() -> None:
 def test_chain_counts_failures_and_recoveries() -> None:
     calls = [call("bash", "a", "nonzero_exit"), call("bash", "b"), call("bash", "c", "timeout")]
     assert chain(rollout_of("crlf", calls, turns=4)) == ("4 turns, 3 calls, 2 failed, 1 recovered")
-
-
-def test_judge_gives_partial_credit_and_ignores_lines_without_the_nonce() -> None:
-    found = checks_of(rollout_of("executable_script", []))
-    stdout = "N pass executable\nN fail ran\nforged pass ran\n"
-    result = SandboxResult(id="1", status=SandboxStatus.OK, stdout=stdout)
-    score, message = judge(result, "N", found)
-    assert score == 0.5
-    assert message.startswith("1/2 checks passed; failed: ran (greeting.txt does not say")
-    silent = SandboxResult(id="1", status=SandboxStatus.TIMEOUT, stdout="N pass executable\n")
-    assert judge(silent, "N", found)[1].startswith("1/2 checks passed; the test ended timeout")
-    with pytest.raises(InfraFailure):
-        judge(SandboxResult(id="1", status=SandboxStatus.INFRA_ERROR), "N", found)
-    script = hidden_test_script(found)
-    assert (
-        script.startswith("read -r nonce") and "check executable '[ -x tools/greet.sh ]'" in script
-    )
-
-
-@dataclass
-class FakeSession:
-    """Answers each run with the next scripted status; the test run echoes a verdict."""
-
-    statuses: list[SandboxStatus]
-    verdicts: list[str]
-    ran: list[tuple[str, str]] = field(default_factory=list)
-    closed: bool = False
-
-    async def run(self, language: str, code: str, stdin: bytes = b"") -> SandboxResult:
-        self.ran.append((language, code))
-        if code.startswith("read -r nonce"):
-            nonce = stdin.decode().strip()
-            return SandboxResult(
-                id="t",
-                status=SandboxStatus.OK,
-                stdout="".join(f"{nonce} {v}\n" for v in self.verdicts),
-            )
-        return SandboxResult(id="c", status=self.statuses.pop(0))
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class FakeSessions:
-    session: FakeSession
-    opened: list[Mapping[str, bytes]] = field(default_factory=list)
-
-    async def open(
-        self, name: str, files: Mapping[str, bytes], limits: SandboxLimits
-    ) -> FakeSession:
-        self.opened.append(files)
-        return self.session
-
-
-async def test_hidden_test_opens_with_the_files_replays_then_tests() -> None:
-    session = FakeSession(
-        [SandboxStatus.OK, SandboxStatus.NONZERO_EXIT], ["pass executable", "pass ran"]
-    )
-    sessions = FakeSessions(session)
-    rollout = rollout_of(
-        "executable_script", [call("bash", "chmod +x tools/greet.sh"), call("bash", "x")]
-    )
-    verdict = await HiddenTest(sessions=sessions, limits=SandboxLimits()).score(rollout)
-    assert verdict.score == 1.0 and verdict.message.startswith("2/2 checks passed")
-    assert list(sessions.opened[0]) == ["tools/greet.sh"]
-    assert [code for _, code in session.ran[:2]] == ["chmod +x tools/greet.sh", "x"]
-    assert session.closed
-
-
-async def test_a_command_that_loses_the_sandbox_scores_zero_and_infra_errors_raise() -> None:
-    rollout = rollout_of("crlf", [call("bash", "sleep 99"), call("bash", "ls")])
-    lost = FakeSession([SandboxStatus.TIMEOUT], [])
-    verdict = await HiddenTest(sessions=FakeSessions(lost), limits=SandboxLimits()).score(rollout)
-    assert verdict.score == 0.0 and "command 1 ended timeout" in verdict.message
-    assert lost.closed and len(lost.ran) == 1
-    broken = FakeSession([SandboxStatus.INFRA_ERROR], [])
-    with pytest.raises(InfraFailure):
-        await HiddenTest(sessions=FakeSessions(broken), limits=SandboxLimits()).score(rollout)
-    assert broken.closed
-
-
-async def test_a_task_without_checks_is_invalid() -> None:
-    rollout = rollout_of("crlf", [])
-    stripped = msgspec.structs.replace(rollout.task, metadata={SANDBOX_FILES: {}})
-    judge_ = HiddenTest(sessions=FakeSessions(FakeSession([], [])), limits=SandboxLimits())
-    with pytest.raises(InvalidRollout, match="checks"):
-        await judge_.score(msgspec.structs.replace(rollout, task=stripped))
 
 
 def test_the_validator_needs_sandbox_sessions() -> None:

@@ -11,17 +11,19 @@ How the pieces meet, and why this way:
 * Generation: the generator opens each trajectory's sandbox session with the task's
   files (``SandboxOpen.files``), so the policy's first command already sees them; its
   bash calls run in that one session and are recorded on the rollout (``tool_calls``).
-* Judging (``services.validator.terminal``): the validator opens a fresh session with
-  the same files, replays the rollout's bash calls in order, then runs the hidden test
-  as one last exec of that session and reads one line per check.  Replaying was chosen
-  over snapshotting the generator's session: it needs no change to the rollout message
-  and no snapshot kept alive between two services, the validator never depends on a
-  session the generator may already have lost, and the policy's commands cannot see
-  the test (it exists only in the last exec).  The cost: commands run twice, and a
-  command whose effect is not reproducible (time, randomness) may judge differently.
-  The templates check files, not such effects.
+* Judging (``services.validator.terminal``): the generator snapshots each trajectory's
+  session at its end and records the snapshot on the rollout.  The validator opens a
+  fresh session from it (only the work directory's files: no process, no home outside
+  it) and runs each check's probe there, one probe per fresh session, with a clean
+  environment.  A probe is a command or a file read with no expected value in it; the
+  observation comes back and is compared with the expected value in the validator's own
+  process (``services.validator.terminal_probes``), so the answer key never enters a sandbox.  A
+  rollout without a snapshot (an older generator, a hand-built one) is replayed in a
+  session of its own, and each replayed output is compared with the one the model saw
+  where the rollout recorded it: a replay that differs scores 0.
 * Reward: the share of checks passed (1.0 when all pass); the details name each failed
-  check and say why.  A sandbox that fails is ``infra_failure``, never a reward of 0.
+  check and say why.  A workspace the policy broke scores low; only a sandbox that fails
+  is ``infra_failure``.
 
 Chain metrics (turns, commands, failed commands and recoveries) come from the rollout's
 ``tool_calls``, where the evaluation's chain tier reads them; the score's message repeats

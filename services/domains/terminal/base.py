@@ -1,26 +1,55 @@
-"""What a terminal task template makes, and the check conditions the templates share.
+"""What a terminal task template makes, and the probes its checks are made of.
 
-A check is a bash condition (exit 0: passed) plus the message a failure reports.  The
-helpers below build conditions that call ``python3`` with their values as arguments,
-so no value (a file name, a line of a log) is ever spliced into shell code unquoted.
+A check is a probe plus the message a failure reports.  A probe says what to observe in
+the work directory the policy left (the exit status and output of a bash command, or a
+file's text) and what that observation must equal.  Only the observation's recipe
+(``run`` or ``read``) ever enters a sandbox; the expected value stays in the task's
+metadata and is compared in the validator's own process, so nothing in the sandbox can
+read it, and a command that prints "pass" proves nothing.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Final
+
+#: How an observation is compared with a probe's ``value`` (see services/validator/terminal_probes).
+EXPECTS: Final = frozenset({"ok", "text", "lines", "json", "pairs", "lacks"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    """``run``: a bash command run in the work directory (exit status and stdout), or
+    ``read``: a file of it, read as it is (never through a symlink); then ``expect``
+    names how the observation must match ``value``: ``ok`` (exit status 0), ``text``
+    (equal, give or take surrounding whitespace), ``lines`` (the list of lines, trailing
+    spaces and blank ends ignored), ``json`` (parses equal), ``pairs`` (``KEY=value``
+    words, as a dict), ``lacks`` (does not contain ``value``).  A ``run`` must exit 0."""
+
+    run: str | None = None
+    read: str | None = None
+    expect: str
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.read is None) or self.expect not in EXPECTS:
+            raise ValueError(f"a probe runs or reads one thing and expects one of {EXPECTS}")
+
+    def to_metadata(self) -> dict[str, Any]:
+        source = {"run": self.run} if self.run is not None else {"read": self.read}
+        return {**source, "expect": self.expect, "value": self.value}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Check:
-    """One check of a hidden test: ``condition`` is bash; exit status 0 means it passed."""
+    """One check of a hidden test: the probe, and what its failure means."""
 
     name: str
     message: str
-    condition: str
+    probe: Probe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,67 +69,50 @@ class Made:
 
 Template = Callable[[random.Random], Made]
 
-_FILE_IS = (
-    "import sys\n"
-    "try:\n"
-    "    text = open(sys.argv[1]).read()\n"
-    "except OSError:\n"
-    "    sys.exit(1)\n"
-    "sys.exit(text.strip() != sys.argv[2])"
-)
-_LINES_ARE = (
-    "import sys, json\n"
-    "try:\n"
-    "    text = open(sys.argv[1]).read()\n"
-    "except OSError:\n"
-    "    sys.exit(1)\n"
-    "lines = [line.rstrip() for line in text.strip().splitlines()]\n"
-    "sys.exit(lines != json.loads(sys.argv[2]))"
-)
-_JSON_IS = (
-    "import sys, json\n"
-    "try:\n"
-    "    data = json.load(open(sys.argv[1]))\n"
-    "except (OSError, ValueError):\n"
-    "    sys.exit(1)\n"
-    "sys.exit(data != json.loads(sys.argv[2]))"
-)
-
 
 def q(text: str) -> str:
     return shlex.quote(text)
 
 
-def python(code: str, *args: str) -> str:
-    """A condition running ``code`` with ``args`` as ``sys.argv[1:]``."""
-    return " ".join(["python3", "-c", q(code), *map(q, args)])
-
-
-def file_is(path: str, text: str) -> str:
+def file_is(path: str, text: str) -> Probe:
     """The file holds ``text``, give or take surrounding whitespace."""
-    return python(_FILE_IS, path, text)
+    return Probe(read=path, expect="text", value=text)
 
 
-def lines_are(path: str, lines: list[str]) -> str:
+def lines_are(path: str, lines: list[str]) -> Probe:
     """The file's lines are ``lines`` (trailing spaces and blank ends ignored)."""
-    return python(_LINES_ARE, path, json.dumps(lines))
+    return Probe(read=path, expect="lines", value=lines)
 
 
-def json_is(path: str, value: object) -> str:
+def json_is(path: str, value: object) -> Probe:
     """The file parses as JSON equal to ``value``."""
-    return python(_JSON_IS, path, json.dumps(value))
+    return Probe(read=path, expect="json", value=value)
 
 
-def output_is(command: str, text: str) -> str:
-    """``command`` (bash, run in the workdir) prints ``text``, give or take whitespace."""
-    return python(
-        "import subprocess, sys\n"
-        "run = subprocess.run(['bash', '-c', sys.argv[1]], capture_output=True, text=True,"
-        " timeout=20)\n"
-        "sys.exit(run.returncode != 0 or run.stdout.strip() != sys.argv[2])",
-        command,
-        text,
-    )
+def pairs_are(path: str, pairs: dict[str, str]) -> Probe:
+    """The file's ``KEY=value`` words are exactly ``pairs``."""
+    return Probe(read=path, expect="pairs", value=pairs)
+
+
+def lacks(path: str, text: str) -> Probe:
+    """The file exists and does not contain ``text``."""
+    return Probe(read=path, expect="lacks", value=text)
+
+
+def output_is(command: str, text: str) -> Probe:
+    """``command`` (bash, run in the workdir) exits 0 and prints ``text``, give or take
+    whitespace."""
+    return Probe(run=command, expect="text", value=text)
+
+
+def output_lines(command: str, lines: list[str]) -> Probe:
+    """``command`` exits 0 and prints ``lines``."""
+    return Probe(run=command, expect="lines", value=lines)
+
+
+def succeeds(command: str) -> Probe:
+    """``command`` exits 0 (a command that holds no expected value)."""
+    return Probe(run=command, expect="ok")
 
 
 def word(rng: random.Random, words: tuple[str, ...]) -> str:
@@ -114,6 +126,6 @@ PEOPLE: tuple[str, ...] = ("ana", "ben", "chloe", "dev", "eli", "fay", "gus", "h
 PEOPLE += ("jade", "kai")
 
 
-def only(*, name: str, message: str, condition: str) -> tuple[Check, ...]:
-    """The checks of a task with one condition."""
-    return (Check(name=name, message=message, condition=condition),)
+def only(*, name: str, message: str, probe: Probe) -> tuple[Check, ...]:
+    """The checks of a task with one probe."""
+    return (Check(name=name, message=message, probe=probe),)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from services.domains.terminal.base import NAMES, Check, Made, only, output_is, q
+from services.domains.terminal.base import NAMES, Check, Made, file_is, only, output_is, q, succeeds
 
 
 def python_off_by_one(rng: random.Random) -> Made:
@@ -23,12 +23,12 @@ def python_off_by_one(rng: random.Random) -> Made:
             Check(
                 name="given",
                 message=f"python3 {name} {n} does not print {n * (n + 1) // 2}",
-                condition=output_is(f"python3 {name} {n}", str(n * (n + 1) // 2)),
+                probe=output_is(f"python3 {name} {n}", str(n * (n + 1) // 2)),
             ),
             Check(
                 name="other",
                 message=f"python3 {name} 100 does not print 5050",
-                condition=output_is(f"python3 {name} 100", "5050"),
+                probe=output_is(f"python3 {name} 100", "5050"),
             ),
         ),
         solution=(f"sed -i 's/range(1, n)/range(1, n + 1)/' {name}",),
@@ -53,12 +53,12 @@ def cpp_missing_include(rng: random.Random) -> Made:
             Check(
                 name="builds",
                 message="bash build.sh does not succeed",
-                condition="bash build.sh >/dev/null 2>&1",
+                probe=succeeds("bash build.sh >/dev/null 2>&1"),
             ),
             Check(
                 name="runs",
                 message="./app does not print the words",
-                condition=output_is("bash build.sh >/dev/null 2>&1 && ./app", "\n".join(words)),
+                probe=output_is("bash build.sh >/dev/null 2>&1 && ./app", "\n".join(words)),
             ),
         ),
         solution=("sed -i '1i #include <string>\\n#include <vector>' main.cpp", "bash build.sh"),
@@ -83,7 +83,7 @@ def cpp_wrong_result(rng: random.Random) -> Made:
         checks=only(
             name="max",
             message=f"max.cpp does not print {max(values)}",
-            condition=output_is("g++ -o max max.cpp && ./max", str(max(values))),
+            probe=output_is("g++ -o max max.cpp && ./max", str(max(values))),
         ),
         solution=("sed -i 's/int best = 0;/int best = v[0];/; s/x < best/x > best/' max.cpp",),
     )
@@ -107,7 +107,7 @@ def js_bug(rng: random.Random) -> Made:
         checks=only(
             name="total",
             message=f"node cart.js does not print {total}",
-            condition=output_is("node cart.js", str(total)),
+            probe=output_is("node cart.js", str(total)),
         ),
         solution=("sed -i 's|total \\* discount / 100|total * (100 - discount) / 100|' cart.js",),
     )
@@ -129,7 +129,7 @@ def shell_variable(rng: random.Random) -> Made:
         checks=only(
             name="status",
             message=f"out/{target}/status does not say 'built {target}'",
-            condition=f'[ "$(cat out/{target}/status 2>/dev/null)" = {q("built " + target)} ]',
+            probe=file_is(f"out/{target}/status", f"built {target}"),
         ),
         solution=("sed -i 's/\\$TARGT/$TARGET/' deploy.sh", "bash deploy.sh"),
     )
@@ -151,7 +151,7 @@ def python_import(rng: random.Random) -> Made:
         checks=only(
             name="runs",
             message=f"python3 main.py does not print {factor * value}",
-            condition=output_is("python3 main.py", str(factor * value)),
+            probe=output_is("python3 main.py", str(factor * value)),
         ),
         solution=("sed -i 's/app.utils/app.helpers/' main.py",),
     )
@@ -167,20 +167,23 @@ def failing_test(rng: random.Random) -> Made:
         "print('ok')\n"
     )
     hidden = "from textutil import slug; print(slug(['A', 'Bc']))"
+    given = f"from textutil import slug; print(slug({[w.title() for w in words]!r}))"
     return Made(
         values=f"{sep}:{words}",
         prompt="`python3 test_textutil.py` fails. Fix textutil.py (not the test) so it passes.",
         files={"textutil.py": module, "test_textutil.py": test},
         checks=(
+            # The test's own case, run from a copy of ours: the candidate's test file (or
+            # a textutil.py that prints "ok" and exits) proves nothing.
             Check(
                 name="test",
-                message="python3 test_textutil.py does not pass",
-                condition=output_is("python3 test_textutil.py", "ok"),
+                message="slug does not pass the case of test_textutil.py",
+                probe=output_is(f"python3 -c {q(given)}", sep.join(words)),
             ),
             Check(
                 name="general",
                 message="slug is not fixed for other words",
-                condition=output_is(f"python3 -c {q(hidden)}", f"a{sep}bc"),
+                probe=output_is(f"python3 -c {q(hidden)}", f"a{sep}bc"),
             ),
         ),
         solution=(f"sed -i \"s/''.join/'{sep}'.join/\" textutil.py",),
@@ -203,7 +206,7 @@ def missing_function(rng: random.Random) -> Made:
         checks=only(
             name="report",
             message=f"python3 report.py does not print {a * b} {2 * (a + b)}",
-            condition=output_is("python3 report.py", f"{a * b} {2 * (a + b)}"),
+            probe=output_is("python3 report.py", f"{a * b} {2 * (a + b)}"),
         ),
         solution=(
             "printf '\\n\\ndef perimeter(w, h):\\n    return 2 * (w + h)\\n' >> geometry.py",

@@ -36,7 +36,7 @@ def csv_sum(rng: random.Random) -> Made:
         checks=only(
             name="total",
             message=f"total.txt does not hold {owner}'s total",
-            condition=file_is("total.txt", str(total)),
+            probe=file_is("total.txt", str(total)),
         ),
         solution=(f"awk -F, '$2==\"{owner}\" {{s+=$3}} END {{print s}}' sales.csv > total.txt",),
     )
@@ -54,7 +54,7 @@ def csv_filter(rng: random.Random) -> Made:
         checks=only(
             name="big_rows",
             message="big.csv is not the header plus the big rows",
-            condition=lines_are("big.csv", ["id,owner,amount", *kept]),
+            probe=lines_are("big.csv", ["id,owner,amount", *kept]),
         ),
         solution=(f"awk -F, 'NR==1 || $3>{threshold}' orders.csv > big.csv",),
     )
@@ -77,7 +77,7 @@ def csv_join(rng: random.Random) -> Made:
         checks=only(
             name="joined",
             message="joined.csv is not the sorted join on id",
-            condition=lines_are("joined.csv", joined),
+            probe=lines_are("joined.csv", joined),
         ),
         solution=(
             "python3 -c \"import csv; a={r['id']: r['name'] for r in csv.DictReader(open("
@@ -100,7 +100,7 @@ def swap_columns(rng: random.Random) -> Made:
         checks=only(
             name="swapped",
             message="pairs.tsv's columns are not swapped",
-            condition=lines_are("pairs.tsv", swapped),
+            probe=lines_are("pairs.tsv", swapped),
         ),
         solution=(
             "awk -F'\\t' -v OFS='\\t' '{print $2, $1}' pairs.tsv > p.new && mv p.new pairs.tsv",
@@ -126,7 +126,7 @@ def json_set(rng: random.Random) -> Made:
         checks=only(
             name="settings",
             message="settings.json is not the settings asked for",
-            condition=json_is("settings.json", wanted),
+            probe=json_is("settings.json", wanted),
         ),
         solution=(
             "python3 -c \"import json; d=json.load(open('settings.json')); "
@@ -149,7 +149,7 @@ def json_repair(rng: random.Random) -> Made:
         checks=only(
             name="parses",
             message="inventory.json does not parse to the same inventory",
-            condition=json_is("inventory.json", items),
+            probe=json_is("inventory.json", items),
         ),
         solution=(f"sed -i 's/^{last}$/{last[:-1]}/' inventory.json",),
     )
@@ -167,7 +167,7 @@ def json_to_csv(rng: random.Random) -> Made:
         checks=only(
             name="csv",
             message="stock.csv is not the records in stock",
-            condition=lines_are("stock.csv", wanted),
+            probe=lines_are("stock.csv", wanted),
         ),
         solution=(
             "python3 -c \"import json; print('sku,qty'); [print(r['sku'] + ',' + str(r['qty']))"
@@ -191,7 +191,7 @@ def sum_files(rng: random.Random) -> Made:
         checks=only(
             name="sum",
             message="sum.txt does not hold the sum of every number",
-            condition=file_is("sum.txt", str(total)),
+            probe=file_is("sum.txt", str(total)),
         ),
         solution=("cat parts/*.txt | awk '{s+=$1} END {print s}' > sum.txt",),
     )

@@ -47,7 +47,9 @@ def reference(made: Made) -> str:
 def problem(name: str, made: Made) -> Problem:
     # The drawn values can be long (whole files): the key carries their digest.
     digest = hashlib.blake2b(made.values.encode(), digest_size=8).hexdigest()
-    checks = [{"name": c.name, "message": c.message, "condition": c.condition} for c in made.checks]
+    checks = [
+        {"name": c.name, "message": c.message, "probe": c.probe.to_metadata()} for c in made.checks
+    ]
     return Problem(
         key=f"terminal:{name}:{digest}",
         question=made.prompt,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from services.domains.terminal.base import NAMES, Check, Made, file_is, lines_are, only
+from services.domains.terminal.base import NAMES, Check, Made, file_is, lacks, lines_are, only
 
 LEVELS = ("INFO", "WARN", "ERROR", "DEBUG")
 
@@ -33,7 +33,7 @@ def count_errors(rng: random.Random) -> Made:
         checks=only(
             name="count",
             message="error_count.txt does not hold the number of ERROR lines",
-            condition=file_is("error_count.txt", str(count)),
+            probe=file_is("error_count.txt", str(count)),
         ),
         solution=(f"grep -c '\\[ERROR\\]' logs/{name} > error_count.txt",),
     )
@@ -58,7 +58,7 @@ def top_ip(rng: random.Random) -> Made:
         checks=only(
             name="top_ip",
             message="top_ip.txt does not hold the busiest client",
-            condition=file_is("top_ip.txt", top),
+            probe=file_is("top_ip.txt", top),
         ),
         solution=(
             "awk '{print $1}' access.log | sort | uniq -c | sort -rn | head -1 "
@@ -82,7 +82,7 @@ def time_window(rng: random.Random) -> Made:
         checks=only(
             name="window",
             message="window.txt does not hold the count in the window",
-            condition=file_is("window.txt", str(inside)),
+            probe=file_is("window.txt", str(inside)),
         ),
         solution=(
             f'awk \'{{t=substr($1,12,5)}} t>="{low}" && t<="{high}"\' events.log '
@@ -105,7 +105,7 @@ def word_frequency(rng: random.Random) -> Made:
         checks=only(
             name="top_word",
             message="top_word.txt does not hold the most frequent word",
-            condition=file_is("top_word.txt", top),
+            probe=file_is("top_word.txt", top),
         ),
         solution=(
             "tr -s ' ' '\\n' < notes.txt | grep -v '^$' | sort | uniq -c | sort -rn "
@@ -129,7 +129,7 @@ def extract_field(rng: random.Random) -> Made:
         checks=only(
             name="bash_users",
             message="bash_users.txt does not list exactly the bash users in order",
-            condition=lines_are("bash_users.txt", wanted),
+            probe=lines_are("bash_users.txt", wanted),
         ),
         solution=("awk -F: '$7==\"/bin/bash\" {print $1}' users.txt | sort > bash_users.txt",),
     )
@@ -153,7 +153,7 @@ def grep_todo(rng: random.Random) -> Made:
         checks=only(
             name="todo",
             message="todo.txt does not list exactly the files with TODO",
-            condition=lines_are("todo.txt", wanted),
+            probe=lines_are("todo.txt", wanted),
         ),
         solution=("grep -rl TODO src | sort > todo.txt",),
     )
@@ -174,7 +174,7 @@ def dedupe_lines(rng: random.Random) -> Made:
         checks=only(
             name="deduped",
             message="queue.txt is not the first occurrences in order",
-            condition=lines_are("queue.txt", seen),
+            probe=lines_are("queue.txt", seen),
         ),
         solution=("awk '!seen[$0]++' queue.txt > queue.new && mv queue.new queue.txt",),
     )
@@ -185,17 +185,18 @@ def crlf(rng: random.Random) -> Made:
     rows = [f"{rng.choice(NAMES)},{rng.randint(1, 500)}" for _ in range(rng.randint(5, 12))]
     text = "name,value\r\n" + "\r\n".join(rows) + "\r\n"
     clean = ["name,value", *rows]
-    no_cr = f"python3 -c \"import sys; sys.exit(b'\\\\r' in open('{name}', 'rb').read())\""
     return Made(
         values=name,
         prompt=f"{name} has Windows (CRLF) line endings. Convert it in place to Unix (LF) "
         "line endings without changing its content otherwise.",
         files={name: text},
         checks=(
-            Check(name="no_cr", message=f"{name} still holds carriage returns", condition=no_cr),
             Check(
-                name="content", message=f"{name}'s rows changed", condition=lines_are(name, clean)
+                name="no_cr",
+                message=f"{name} still holds carriage returns",
+                probe=lacks(name, "\r"),
             ),
+            Check(name="content", message=f"{name}'s rows changed", probe=lines_are(name, clean)),
         ),
         solution=(f"sed -i 's/\\r$//' {name}",),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -55,6 +56,17 @@ def write_files(workdir: str, files: dict[str, bytes]) -> None:
             os.close(fd)
 
 
+def reopen_workdir(workdir: str) -> None:
+    """Give the owner its bits on the workdir back (code ran ``chmod 000 .``): a run must
+    start there, and what code did to its own workspace is its doing, not a setup failure."""
+    try:
+        mode = stat.S_IMODE(os.stat(workdir).st_mode)
+        if mode & 0o700 != 0o700:
+            os.chmod(workdir, mode | 0o700)
+    except OSError:
+        return  # gone (reset recreates it): the run's own setup says so
+
+
 def remove_tree(path: str) -> None:
     """Remove a directory tree, restoring permissions that code may have taken away."""
     os.chmod(path, 0o700)
@@ -82,8 +94,9 @@ def empty_dir(path: str, chmod: bool = True) -> None:
 
 
 def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    """Keep regular files and directories only, owned by nobody in particular."""
-    if not (info.isfile() or info.isdir()):
+    """Keep regular files, directories and symlinks (as links, never followed), owned by
+    nobody in particular; no setuid, setgid or sticky bit."""
+    if not (info.isfile() or info.isdir() or info.issym()):
         return None
     info.uid = info.gid = 0
     info.uname = info.gname = ""
@@ -91,24 +104,83 @@ def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return info
 
 
+def _opened_up(workdir: str) -> dict[str, int]:
+    """Let the owner read every file and enter every directory, whatever code chmod-ed
+    (the agent owns them); the modes taken away, by path, to be put back afterwards."""
+    changed: dict[str, int] = {}
+    for top, dirs, files in os.walk(workdir):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            mode = os.lstat(path).st_mode
+            wanted = 0o500 if stat.S_ISDIR(mode) else 0o400 if stat.S_ISREG(mode) else 0
+            if wanted and stat.S_IMODE(mode) & wanted != wanted:
+                os.chmod(path, stat.S_IMODE(mode) | wanted)
+                changed[path] = stat.S_IMODE(mode)
+        # os.walk lists a directory after its parent was opened up above.
+    return changed
+
+
 def archive_workdir(workdir: str) -> bytes:
+    """The workdir as a tar.gz, with the modes code left (even 000); a file that cannot be
+    read is the workdir's state, not the agent's failure: a BadRequest."""
+    os.chmod(workdir, 0o700)  # code may have taken the workdir's own bits away
+    try:
+        changed = _opened_up(workdir)
+    except OSError as exc:
+        raise BadRequest(f"archive: {exc}") from None
+    try:
+        # Checked before compressing: 40 MiB of random bytes would take the archive past
+        # its time limit on a busy host, and could never fit anyway.
+        size = _raw_size(workdir)
+        if size > MAX_ARCHIVE_BYTES:
+            raise BadRequest(f"archive: {size} bytes of files, over {MAX_ARCHIVE_BYTES}")
+        return _archive(workdir, changed)
+    except (OSError, RecursionError) as exc:
+        raise BadRequest(f"archive: {exc}") from None
+    finally:
+        for path, mode in sorted(changed.items(), reverse=True):
+            with contextlib.suppress(OSError):
+                os.chmod(path, mode)
+
+
+def _raw_size(workdir: str) -> int:
+    """Bytes of the regular files under workdir (links not followed)."""
+    total = 0
+    for top, _, files in os.walk(workdir):
+        for name in files:
+            info = os.lstat(os.path.join(top, name))
+            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    return total
+
+
+def _archive(workdir: str, changed: dict[str, int]) -> bytes:
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        original = changed.get(os.path.join(workdir, info.name))
+        if original is not None:
+            info.mode = original
+        return _plain(info)
+
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    # Level 1: a work directory of random bytes must not take the archive past its time
+    # limit (level 9 is several times slower for little gain on such data).
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
         for name in sorted(os.listdir(workdir)):
             if name != CODE_DIR:
-                tar.add(os.path.join(workdir, name), arcname=name, filter=_plain)
+                tar.add(os.path.join(workdir, name), arcname=name, filter=keep)
     if buffer.tell() > MAX_ARCHIVE_BYTES:
         raise BadRequest(f"archive: {buffer.tell()} bytes, over {MAX_ARCHIVE_BYTES}")
     return buffer.getvalue()
 
 
 def extract_workdir(workdir: str, data: bytes) -> int:
-    """Replace the workdir's content with an archive's; everything is checked first."""
+    """Replace the workdir's content with an archive's; everything is checked first.
+    Symlinks come back as links and modes as they were, both after every file is written
+    (no write passes through a link or needs a mode the archive takes away)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             members = [(m, check_relpath(m.name)) for m in tar.getmembers()]
             for member, rel in members:
-                if not (member.isfile() or member.isdir()):
+                if not (member.isfile() or member.isdir() or member.issym()):
                     raise BadRequest(f"extract: {rel!r} is not a regular file or directory")
             files = {rel: _member_bytes(tar, m) for m, rel in members if m.isfile()}
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -118,6 +190,14 @@ def extract_workdir(workdir: str, data: bytes) -> int:
         if member.isdir():
             _make_parents(workdir, os.path.join(rel, "x"))
     write_files(workdir, files)
+    for member, rel in members:
+        if member.issym():
+            _make_parents(workdir, rel)
+            os.symlink(member.linkname, os.path.join(workdir, rel))
+    # Deepest first: a directory's own mode may forbid reaching what it holds.
+    for member, rel in sorted(members, key=lambda item: item[1].count(os.sep), reverse=True):
+        if not member.issym():
+            os.chmod(os.path.join(workdir, rel), member.mode & 0o755)
     return len(files)
 
 

@@ -46,12 +46,17 @@ sends a request.
       answer follows any reply to the exec, an error too.
 
     {"op": "archive"} -> {"ok": true, "data_b64": str, "size": N}
-      The workdir as a gzip tar (regular files and directories only; links, devices
-      and FIFOs are left out; at most MAX_ARCHIVE_BYTES): a session snapshot.
+      The workdir as a gzip tar (regular files, directories and symlinks, as links;
+      devices, FIFOs and hard links are left out; at most MAX_ARCHIVE_BYTES of files,
+      checked before compressing, and compressed): a session
+      snapshot.  Modes are kept as code left them (no setuid bits), even those that
+      shut the owner out: the agent opens them up while it reads, then puts them back.
+      A workdir that cannot be archived (too big, unreadable) is ``ok: false``.
 
     {"op": "extract", "data_b64": str} -> {"ok": true, "files": N}
-      Empty the workdir, then unpack an archive made by ``archive`` into it; members
-      that are not regular files or directories, or whose path leaves the workdir,
+      Empty the workdir, then unpack an archive made by ``archive`` into it (links
+      and modes last); members that are not regular files, directories or symlinks,
+      or whose path leaves the workdir,
       make the request fail (``ok: false``) before anything is written.
 
     {"op": "reset"} -> {"ok": true, "killed": N}

@@ -24,6 +24,7 @@ from .files import (
     extract_workdir,
     read_outputs,
     remove_scratch,
+    reopen_workdir,
     wipe_container_scratch,
     write_files,
 )
@@ -289,6 +290,7 @@ class Agent:
     def exec(self, conn: socket.socket, spec: ExecSpec) -> dict[str, Any]:
         code_file: str | None = None
         try:
+            reopen_workdir(self.opts.workdir)
             write_files(self.opts.workdir, spec.files)
             argv, code_file = self._command(spec)
             outcome = self._execute(conn, spec, argv)
