@@ -2,9 +2,10 @@
 
 A problem is one part of :mod:`services.domains.cad_parts` (a drilled plate, a toothed
 disc, an open box).  The ``cad`` validator renders the candidate to STL in the sandbox
-and measures the mesh: bounding box, volume, watertightness, through-holes, and the
-shape's own features (hole centres and diameters, teeth, wall thickness).  Each
-constraint met earns an equal share of the score.
+and measures the mesh: bounding box, volume, watertightness, through-holes, the shape's
+own features over their whole extent (holes along their depth, teeth, root, walls,
+floor), and the whole shape against the reference solid built from the spec.  The score
+is the share of constraints met, halved for each one failed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ SYSTEM: Final = (
 )
 #: Problems per (shape, level, scale): far more than any run draws.
 _VARIANTS: Final = 100_000
+#: The judge's time limit beyond the render's: start-up, the sandbox's grace, the reply,
+#: and measuring a part rendered just in time.
+_JUDGE_SLACK_S: Final = 30.0
 #: An ASCII STL of a part with a few 64-gon holes is a few hundred kB; leave room.
 _STL_BYTES: Final = 8 << 20
 
@@ -74,7 +78,14 @@ def domain(name: str, params: Mapping[str, Any]) -> Domain:
         kind="cad_parts",
         source=PartSource(shape, level, scale, tolerance_mm, volume_tolerance),
         prompt=PromptFormat(system=SYSTEM),
-        validators=(ValidatorSpec(kind="cad", name="geometry"),),
+        # The judge waits out the render, the sandbox's answer and the measuring: a slow
+        # render must end as the candidate's timeout (a 0), never as the judge's own
+        # (infra_failure, which drops the rollout and counts against the domain).
+        validators=(
+            ValidatorSpec(
+                kind="cad", name="geometry", params={"timeout_s": timeout_s + _JUDGE_SLACK_S}
+            ),
+        ),
         # OpenSCAD's language defaults (memory, processes), a render time limit, and
         # room for the STL coming back.
         sandbox=SandboxLimits(timeout_s=timeout_s, output_bytes=_STL_BYTES),

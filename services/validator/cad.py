@@ -1,7 +1,9 @@
 """OpenSCAD parts: render the candidate to STL in the sandbox, measure the mesh here.
 
-reward = share of the part's constraints met (:mod:`services.validator.cad_checks`);
-the details name each failed one with what was measured and what was expected.  A
+reward = share of the part's constraints met x 1/2 per constraint failed
+(:mod:`services.validator.cad_checks`): one wrong feature of ten keeps 0.45, two 0.2, so
+a part right only where one check looks earns little.  The details name each failed
+constraint with what was measured and what was expected.  A
 candidate that does not render (an OpenSCAD error, an empty model, no STL, a render past
 its time or memory limit) or renders a mesh that cannot be read scores 0, with
 OpenSCAD's own message, and is trained on: not rendering must never be a way out of a
@@ -26,8 +28,10 @@ from services.domains.api import is_heldout
 from services.validator import extract
 from services.validator.base import InfraFailure, InvalidRollout, Verdict, reference
 from services.validator.cad_checks import SHAPES, Check, check_part
+from services.validator.cad_columns import TooComplex
 from services.validator.cad_geometry import MeshError, load_stl
 from services.validator.cad_preview import render_preview
+from services.validator.cad_reference import reference_solid
 from services.validator.sandbox import Sandbox, SandboxRejected
 from services.validator.settings import PreviewMode
 
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
 STL: Final = "out.stl"
 #: What OpenSCAD said, at most this much, in an unrenderable candidate's details.
 MESSAGE_CHARS: Final = 400
+#: Each failed constraint halves the share of those met.
+FAILED_FACTOR: Final = 0.5
 
 
 def render_error(result: SandboxResult) -> str:
@@ -56,15 +62,21 @@ def verdict(checks: list[Check]) -> Verdict:
     passed = len(checks) - len(failed)
     if not failed:
         return Verdict(1.0, f"all {len(checks)} checks passed")
-    return Verdict(
-        passed / len(checks), f"{passed}/{len(checks)} checks passed; " + "; ".join(failed)
-    )
+    score = passed / len(checks) * FAILED_FACTOR ** len(failed)
+    return Verdict(score, f"{passed}/{len(checks)} checks passed; " + "; ".join(failed))
 
 
 def part_spec(rollout: Rollout) -> Mapping[str, Any]:
+    """The task's part spec; InvalidRollout if it is missing or no solid can be built from it
+    (the task's fault, not the candidate's)."""
     spec = reference(rollout.task, "part")
     if not isinstance(spec, Mapping) or spec.get("shape") not in SHAPES:
         raise InvalidRollout(f"task {rollout.task.id}: metadata['part'] is not a part spec")
+    try:
+        reference_solid(spec)
+        float(spec["tolerance_mm"]), float(spec["volume"]), float(spec["volume_tolerance"])
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise InvalidRollout(f"task {rollout.task.id}: malformed part spec: {error!r}") from None
     return spec
 
 
@@ -73,9 +85,9 @@ def measure(stl: bytes, spec: Mapping[str, Any], preview: bool = False) -> Verdi
     off the event loop)."""
     try:
         mesh: trimesh.Trimesh = load_stl(stl)
-    except MeshError as error:
+        judged = verdict(check_part(mesh, spec))
+    except (MeshError, TooComplex) as error:
         return Verdict(0.0, f"the render cannot be measured: {error}")
-    judged = verdict(check_part(mesh, spec))
     if not preview:
         return judged
     return Verdict(judged.score, judged.message, render_preview(mesh))

@@ -1,5 +1,7 @@
 """Measurements on a triangle mesh: ray casts, bodies, through-holes.
 
+Vertical rays in bulk are :mod:`cad_columns`; this module casts rays in any direction.
+
 Pure numpy on top of a loaded :class:`trimesh.Trimesh`: trimesh's own ray casting
 needs rtree (or embree), and its connected components scipy or networkx; a part
 of a few thousand triangles needs neither.
@@ -108,32 +110,9 @@ def first_hits(mesh: trimesh.Trimesh, origins: Array, directions: Array) -> Arra
     return np.array([h[0] if len(h) else np.inf for h in hits])
 
 
-def material_at(mesh: trimesh.Trimesh, points_xy: Array, z_top: float) -> npt.NDArray[np.bool_]:
-    """Whether a vertical ray down through each (x, y) meets the part."""
-    origins = np.column_stack([points_xy, np.full(len(points_xy), z_top + 10.0)])
-    hits = ray_hits(mesh, origins, np.array([[0.0, 0.0, -1.0]]))
-    return np.array([len(h) > 0 for h in hits])
-
-
 def circle_directions(count: int, phase: float = 0.0) -> Array:
     angles = phase + np.arange(count) * 2 * np.pi / count
     return np.column_stack([np.cos(angles), np.sin(angles), np.zeros(count)])
-
-
-def bore(mesh: trimesh.Trimesh, x: float, y: float, z: float) -> tuple[float, float, float]:
-    """(centre x, centre y, diameter) of a round hole around (x, y), probed at height z.
-
-    The midpoints of the chords along x and along y through (x, y) give the centre
-    (a chord's midpoint lies on the circle's centre line whatever its offset); then
-    eight rays from that centre give the mean radius.
-    """
-    axes = circle_directions(4)
-    reach = first_hits(mesh, np.tile([x, y, z], (4, 1)).astype(np.float64), axes)
-    cx = x + (reach[0] - reach[2]) / 2
-    cy = y + (reach[1] - reach[3]) / 2
-    centre = np.tile([cx, cy, z], (8, 1)).astype(np.float64)
-    radii = first_hits(mesh, centre, circle_directions(8, phase=np.pi / 8))
-    return float(cx), float(cy), float(2 * np.mean(radii))
 
 
 def runs_around(flags: npt.NDArray[np.bool_]) -> int:

@@ -29,11 +29,11 @@ from tests.unit.test_cad_preview import assert_a_picture
 
 #: Per shape: a text change to the reference that breaks one constraint, and its check.
 PLANTED = {
-    "plate": ("d = h[2]", "d = h[2] - 1", "hole 1 diameter"),
+    "plate": ("d = h[2]", "d = h[2] - 1", "hole 1 at"),
     "gear": (
         "translate([0, 0, -1]) cylinder(h",
         "translate([0, 0, -1]) scale(1.3) cylinder(h",
-        "hole 1 diameter",
+        "bore: diameter",
     ),
     "box": ("]) cube([", " + 1]) cube([", "floor"),
 }

@@ -40,36 +40,37 @@ def test_the_right_plate_scores_one() -> None:
     assert (score.score, score.message) == (1.0, "all 9 checks passed")
 
 
-def test_a_wrong_hole_diameter_fails_that_hole_alone() -> None:
+def test_a_wrong_hole_diameter_fails_that_hole_and_halves_the_share() -> None:
     mesh = cad_meshes.plate(6, 4, 10.0, 5.0, {**HOLES, (4, 2): 5.0})
     wrong = failed(check_part(mesh, plate_spec()))
-    assert set(wrong) == {"hole 2 diameter"}
-    assert wrong["hole 2 diameter"].startswith("hole 2 diameter 4.9")
-    assert wrong["hole 2 diameter"].endswith("mm, expected 6.00 +- 0.2")
-    assert verdict(check_part(mesh, plate_spec())).score == pytest.approx(8 / 9)
+    assert set(wrong) == {"hole 2 at (45, 25)"}
+    assert wrong["hole 2 at (45, 25)"].startswith("hole 2 at (45, 25): diameter 4.9")
+    assert "expected 6.00 +- 0.2" in wrong["hole 2 at (45, 25)"]
+    assert verdict(check_part(mesh, plate_spec())).score == pytest.approx(8 / 9 / 2)
 
 
-def test_a_missing_hole_fails_its_checks_and_the_hole_count() -> None:
+def test_a_missing_hole_fails_its_check_the_hole_count_and_the_whole_shape() -> None:
     mesh = cad_meshes.plate(6, 4, 10.0, 5.0, {(1, 1): 6.0})
     wrong = failed(check_part(mesh, plate_spec()))
-    assert set(wrong) == {"through-holes", "hole 2 position", "hole 2 diameter"}
+    assert {"through-holes", "hole 2 at (45, 25)"} <= set(wrong)
     assert wrong["through-holes"] == "1 through-holes, expected 2"
-    assert wrong["hole 2 position"].startswith("hole 2 missing: material at (45, 25)")
+    assert "material inside the bore at 49 of 49 columns" in wrong["hole 2 at (45, 25)"]
 
 
-def test_a_shifted_hole_fails_its_position() -> None:
+def test_a_shifted_hole_fails_its_centre() -> None:
     spec = plate_spec()
     spec["holes"][0] = [15, 15.5, 6.0]
     wrong = failed(check_part(cad_meshes.plate(6, 4, 10.0, 5.0, HOLES), spec))
-    assert set(wrong) == {"hole 1 position"}
-    assert wrong["hole 1 position"].startswith("hole 1 centre (15.00, 15.00), expected (15, 15.5)")
+    assert set(wrong) == {"hole 1 at (15, 15.5)"}
+    assert "centre off by up to 0.50 mm" in wrong["hole 1 at (15, 15.5)"]
 
 
-def test_a_wrong_bounding_box_fails_it_and_the_volume() -> None:
+def test_a_wrong_bounding_box_fails_it_the_volume_and_the_whole_shape() -> None:
     mesh = cad_meshes.plate(7, 4, 10.0, 5.0, HOLES)  # 70 mm long instead of 60
     wrong = failed(check_part(mesh, plate_spec()))
-    assert set(wrong) == {"bounding box", "volume"}
+    assert set(wrong) == {"bounding box", "volume", "volume overlap", "surface distance"}
     assert "[70.00, 40.00, 5.00] mm, expected" in wrong["bounding box"]
+    assert wrong["volume overlap"].startswith("volume IoU with the reference 0.8")
 
 
 def test_an_open_mesh_fails_watertightness_and_what_needs_a_closed_one() -> None:
@@ -85,13 +86,22 @@ def gear_spec(teeth: int = 12, bore: float = 6.0) -> dict[str, Any]:
     return {**cad_parts.gear_spec(teeth, 30.0, 3.0, 3.0, 4.0, bore), **TOLERANCES}
 
 
-def test_the_right_gear_scores_one_and_a_wrong_tooth_count_fails_teeth() -> None:
+def test_the_right_gear_scores_one_and_wrong_teeth_or_bore_fail() -> None:
     mesh = cad_meshes.gear(12, 30.0, 3.0, 3.0, 6.0, 4.0)
     assert failed(check_part(mesh, gear_spec())) == {}
     wrong = failed(check_part(mesh, gear_spec(teeth=13)))
-    assert "teeth" in wrong and wrong["teeth"].startswith("12 teeth at radius 16.50 mm")
+    assert wrong["tooth count"].startswith("12 teeth at radius 16.50 mm")
     wrong = failed(check_part(mesh, gear_spec(bore=8.0)))
-    assert "hole 1 diameter" in wrong
+    assert "bore" in wrong and "diameter 6.00-6.00 mm" in wrong["bore"]
+
+
+def test_thin_teeth_fail_their_width_over_their_whole_length() -> None:
+    mesh = cad_meshes.gear(12, 30.0, 0.4, 3.0, 6.0, 4.0)
+    wrong = failed(check_part(mesh, gear_spec()))
+    assert wrong["teeth"].startswith("teeth: tooth width 0.40-0.40 mm, expected 3 +- 0.2")
+    assert "teeth not solid" in wrong["teeth"]
+    assert {"volume overlap", "surface distance"} <= set(wrong)
+    assert verdict(check_part(mesh, gear_spec())).score < 0.1
 
 
 def box_spec(wall: float = 2.0) -> dict[str, Any]:
@@ -101,8 +111,9 @@ def box_spec(wall: float = 2.0) -> dict[str, Any]:
 def test_the_right_box_scores_one_and_thin_walls_fail() -> None:
     assert failed(check_part(cad_meshes.open_box(50, 30, 20, 2.0), box_spec())) == {}
     wrong = failed(check_part(cad_meshes.open_box(50, 30, 20, 1.5), box_spec()))
-    assert set(wrong) == {"walls", "floor", "open top", "volume"}
-    assert wrong["walls"].startswith("-x wall 1.50 mm thick, +x wall 1.50 mm thick")
+    assert {"walls", "floor", "volume", "volume overlap"} <= set(wrong)
+    assert wrong["walls"].startswith("walls: wall thickness 1.50-1.50 mm, expected 2 +- 0.2")
+    assert "wall not solid over its height" in wrong["walls"]
 
 
 def test_a_closed_box_fails_open_top() -> None:
@@ -128,6 +139,9 @@ def test_the_domains_describe_their_part_and_keep_its_spec(shape: str) -> None:
     assert spec["shape"] == shape and spec["tolerance_mm"] == 0.2 and spec["volume"] > 0
     assert "OpenSCAD" in train[0].prompt[0].content
     assert part.examples(1)[0].reference.startswith("```openscad\n")
+    # The judge outlasts the render: a slow render is the candidate's 0, not infra_failure.
+    slow = domain(f"cad-{shape}", {"shape": shape, "timeout_s": 90})
+    assert slow.validators[0].params["timeout_s"] >= (slow.sandbox.timeout_s or 0) + 30
     again = domain(f"cad-{shape}", {"shape": shape, "level": 4, "scale": 2})
     assert again.make_tasks(3, "train") == train  # the key alone decides the part
 
