@@ -19,7 +19,7 @@ from protocol.messages import SandboxLimits
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
 from services.domains.compiled_bank import SPECS, CompiledSpec, call_expression, test_expression
 from services.domains.params import Params
-from services.domains.python_functions import unseen
+from services.domains.python_functions import scored_and_shown
 
 LANGUAGES: Final = ("cpp", "js")
 SYSTEM: Final = {
@@ -46,9 +46,7 @@ class CompiledSource:
         key = f"{self.language}:{spec.name}:{variant}"
         # Inputs follow from the key alone: one key is one problem, whatever the caller's rng.
         inputs = random.Random(key)
-        cases = [spec.inputs(inputs) for _ in range(self.tests)]
-        # The prompt's example is none of the tests: hard-coding it scores nothing.
-        shown = unseen(lambda: spec.inputs(inputs), cases)
+        cases, shown = scored_and_shown(lambda: spec.inputs(inputs), self.tests)
         example = test_expression(self.language, spec.name, shown, spec.python(*shown, variant))
         signature = spec.cpp_signature if self.language == "cpp" else spec.js_signature
         description = spec.description.replace("{k}", str(variant))

@@ -37,15 +37,17 @@ def call_text(name: str, args: tuple[Any, ...]) -> str:
     return f"{name}({', '.join(repr(arg) for arg in args)})"
 
 
-def unseen(draw: Callable[[], Any], seen: list[Any], tries: int = 100) -> Any:
-    """An input not among ``seen``, if ``tries`` draws find one (a tiny input space may
-    have none left: then the last draw)."""
-    drawn = draw()
-    for _ in range(tries):
-        if drawn not in seen:
-            return drawn
-        drawn = draw()
-    return drawn
+def scored_and_shown(draw: Callable[[], Any], count: int) -> tuple[list[Any], Any]:
+    """``count`` inputs to score and one more to show in the prompt, never among them:
+    hard-coding the prompt's example earns nothing.  A tiny input space may leave fewer
+    than ``count`` scored inputs (those equal to the example are dropped), never none."""
+    cases = [draw() for _ in range(count)]
+    shown = draw()
+    for _ in range(100):
+        if shown not in cases:
+            break
+        shown = draw()
+    return [case for case in cases if case != shown] or cases, shown
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,7 @@ class FunctionSource:
         function = reference_function(spec, variant)
         # Inputs follow from the key alone: one key is one problem, whatever the caller's rng.
         inputs = random.Random(key)
-        cases = [spec.inputs(inputs, variant) for _ in range(self.tests)]
-        # The prompt's example is none of the tests: hard-coding it scores nothing.
-        shown = unseen(lambda: spec.inputs(inputs, variant), cases)
+        cases, shown = scored_and_shown(lambda: spec.inputs(inputs, variant), self.tests)
         example = f"{call_text(spec.name, shown)} == {function(*shown)!r}"
         question = (
             f"Write `{spec.signature}`: {spec.description.replace('{k}', str(variant))}.\n"

@@ -36,7 +36,8 @@ from protocol.messages import (
 )
 from services.validator import extract
 from services.validator.base import InfraFailure, InvalidRollout, Verdict
-from services.validator.code_harness import program, returned
+from services.validator.code_harness import program
+from services.validator.code_results import returned, same
 from services.validator.sandbox import Sandbox, SandboxRejected
 
 #: What the compiler or loader said, at most this much, in a failing score's details.
@@ -102,8 +103,11 @@ def judge(result: SandboxResult, cases: Cases, language: str) -> Verdict:
     if result.status is SandboxStatus.INFRA_ERROR:
         raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
     total = len(cases.expected)
-    got = returned(result.stdout, total, language)
-    matched = [i for i, want in enumerate(cases.expected) if i in got and _same(got[i], want)]
+    stdout = result.stdout
+    if result.stdout_truncated:  # its last line may be cut short: a value it never printed
+        stdout = stdout[: stdout.rfind("\n") + 1]
+    got = returned(stdout, total, language)
+    matched = [i for i, want in enumerate(cases.expected) if i in got and same(got[i], want)]
     note = "" if result.status is SandboxStatus.OK else f"; the candidate ended {result.status}"
     said = _errors_first(result.stderr)
     if not matched and said:  # a compile or load error, most likely: say what it was
@@ -119,13 +123,6 @@ def _errors_first(stderr: str) -> str:
     lines = stderr.strip().splitlines()
     errors = [line for line in lines if "error" in line.lower()]
     return "\n".join(errors + [line for line in lines if line not in errors])
-
-
-def _same(got: object, want: object) -> bool:
-    try:
-        return bool(got == want)
-    except RecursionError:
-        return False
 
 
 @dataclass(frozen=True)

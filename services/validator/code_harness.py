@@ -1,46 +1,58 @@
 """What runs in the sandbox for the code validator: the candidate, its calls, and a
 harness that prints what each call returned.  Nothing here knows an expected value.
 
-The harness writes one line per call that returned a plain value::
+The harness writes one line per call that returned plain data::
 
     @@temper-value <index> <value>
 
 ``<value>`` is Python's ``repr`` (Python) or JSON (C++, JavaScript) of the returned value,
-and only of plain data (numbers, strings, booleans, None/null, and lists, tuples, sets
-and dicts of them, exact types only): an object of the candidate's own class, a subclass
-of a builtin or NaN prints nothing and that call fails.  The validator reads the lines in
-its own process and compares them with the expected values, which never enter the
-sandbox.  The candidate may print lines of the same form; it would have to compute the
-values they hold, which is the task.
+and only of plain data, exact types only: numbers (finite), strings, booleans,
+None/null, and lists, tuples, sets and dicts of them (Python), arrays and plain objects
+(JavaScript), ``std::vector`` (C++).  An object of the candidate's own class, a subclass
+of a builtin, NaN or an infinity prints nothing, and that call fails.  The validator
+reads the lines in its own process (:mod:`services.validator.code_results`) and compares
+them with the expected values, which never enter the sandbox.  The candidate may print
+lines of the same form, or take the harness over: it would still have to compute the
+values the lines hold, which is the task.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import Final
 
-#: The prefix of a harness line.
-MARK: Final = "@@temper-value"
+from services.validator.code_results import MARK
 
+# The harness runs as __main__; the candidate runs in a namespace of its own.  What the
+# harness prints with is taken before the candidate loads, so that patching builtins,
+# sys.stdout or print later does not change how a right value prints.
 PYTHON: Final = f"""\
 import json, sys
 MARK = {MARK!r}
-_write, _flush, _repr, _type = sys.stdout.write, sys.stdout.flush, repr, type
-_PLAIN = (int, float, str, bool, bytes, type(None))
+_write, _flush, _err = sys.stdout.write, sys.stdout.flush, sys.stderr.write
+_repr, _type, _str, _eval, _dict, _float = repr, type, str, eval, dict, float
+_ATOMS = (int, float, str, bool, bytes, type(None))
 _SEQUENCES = (list, tuple, set, frozenset)
 
 
-def _plain(value, depth=0):
-    kind = _type(value)
+def _plain(value, depth):
     if depth > 64:
         return False
-    if kind in _PLAIN:
-        return kind is not float or value == value
-    if kind in _SEQUENCES:
-        return all(_plain(item, depth + 1) for item in value)
+    kind = _type(value)
+    for atom in _ATOMS:  # `is`, not `in`: a metaclass's __eq__ cannot pass for a type
+        if kind is atom:
+            return kind is not _float or value - value == 0  # finite
+    for sequence in _SEQUENCES:
+        if kind is sequence:
+            for item in value:
+                if not _plain(item, depth + 1):
+                    return False
+            return True
     if kind is dict:
-        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+        for key, item in value.items():
+            if not (_plain(key, depth + 1) and _plain(item, depth + 1)):
+                return False
+        return True
     return False
 
 
@@ -51,48 +63,77 @@ try:
 except BaseException as error:
     print("load:", _type(error).__name__, error, file=sys.stderr)
     sys.exit(0)
-for index, call in enumerate(calls):
+for index in range(len(calls)):
     try:
-        value = eval(call, dict(namespace))
-        if _plain(value):
-            _write(MARK + " " + str(index) + " " + _repr(value) + "\\n")
+        value = _eval(calls[index], _dict(namespace))
+        if _plain(value, 0):
+            _write(MARK + " " + _str(index) + " " + _repr(value) + "\\n")
             _flush()
+        else:
+            _err("call " + _str(index) + ": not plain data\\n")
     except BaseException as error:
-        print("call", index, _type(error).__name__, file=sys.stderr)
+        try:
+            _err("call " + _str(index) + ": " + _type(error).__name__ + "\\n")
+        except BaseException:
+            pass
 """
 
+# JSON text is built here from primitives (JSON.stringify only on strings and numbers,
+# which look up no toJSON), so that patching JSON, Object.prototype, Array.prototype or
+# process.stdout after the harness starts does not change how a right value prints.
 JS: Final = f"""\
+'use strict';
 const fs = require('fs');
 const vm = require('vm');
 const MARK = {json.dumps(MARK)};
-const writeSync = fs.writeSync, stringify = JSON.stringify, isArray = Array.isArray;
-const getPrototypeOf = Object.getPrototypeOf, values = Object.values;
-const objectPrototype = Object.prototype, isFinite = Number.isFinite;
-const plain = (value, depth) => {{
-    if (depth > 64) return false;
-    if (value === null || typeof value === 'string' || typeof value === 'boolean') return true;
-    if (typeof value === 'number') return isFinite(value);
-    if (isArray(value)) return value.every((item) => plain(item, depth + 1));
-    if (typeof value === 'object' && getPrototypeOf(value) === objectPrototype) {{
-        return values(value).every((item) => plain(item, depth + 1));
+const writeSync = fs.writeSync, stringify = JSON.stringify;
+const isArray = Array.isArray, getPrototypeOf = Object.getPrototypeOf, keys = Object.keys;
+const objectPrototype = Object.prototype, arrayPrototype = Array.prototype;
+const isFinite = Number.isFinite, run = vm.runInThisContext, exit = process.exit;
+const say = (text) => {{ try {{ writeSync(2, text + '\\n'); }} catch (e) {{}} }};
+const json = (value, depth) => {{
+    if (depth > 64) return undefined;
+    if (value === null) return 'null';
+    if (value === true) return 'true';
+    if (value === false) return 'false';
+    if (typeof value === 'string') return stringify(value);
+    if (typeof value === 'number') return isFinite(value) ? stringify(value) : undefined;
+    if (typeof value !== 'object') return undefined;
+    const prototype = getPrototypeOf(value);
+    let out = '';
+    if (isArray(value) && prototype === arrayPrototype) {{
+        for (let i = 0; i < value.length; i++) {{
+            const part = json(value[i], depth + 1);
+            if (part === undefined) return undefined;
+            out += (i ? ',' : '') + part;
+        }}
+        return '[' + out + ']';
     }}
-    return false;
+    if (prototype !== objectPrototype) return undefined;
+    const names = keys(value);
+    for (let i = 0; i < names.length; i++) {{
+        const part = json(value[names[i]], depth + 1);
+        if (part === undefined) return undefined;
+        out += (i ? ',' : '') + stringify(names[i]) + ':' + part;
+    }}
+    return '{{' + out + '}}';
 }};
 const calls = JSON.parse(fs.readFileSync('calls.json', 'utf8'));
 try {{
-    vm.runInThisContext(fs.readFileSync('solution.js', 'utf8'), {{ filename: 'solution.js' }});
+    run(fs.readFileSync('solution.js', 'utf8'), {{ filename: 'solution.js' }});
 }} catch (error) {{
-    console.error('load: ' + String(error));
-    process.exit(0);
+    try {{ say('load: ' + String(error)); }} catch (e) {{}}
+    exit(0);
 }}
-calls.forEach((call, index) => {{
+for (let index = 0; index < calls.length; index++) {{
     try {{
-        const value = vm.runInThisContext(call);
-        if (plain(value, 0)) writeSync(1, MARK + ' ' + index + ' ' + stringify(value) + '\\n');
+        const value = json(run(calls[index]), 0);
+        if (value === undefined) say('call ' + index + ': not plain data');
+        else writeSync(1, MARK + ' ' + index + ' ' + value + '\\n');
     }} catch (error) {{
-        console.error('call ' + index + ' ' + String(error));
+        say('call ' + index + ' threw');
     }}
-}});
+}}
 """
 
 CPP_HEAD: Final = """\
@@ -160,32 +201,3 @@ def program(language: str, candidate: str, calls: list[str]) -> Program:
         return command, None, files
     files = {"solution.js": candidate.encode(), "calls.json": calls_json, "main.js": JS.encode()}
     return ["node", "main.js"], None, files
-
-
-def returned(stdout: str, total: int, language: str) -> dict[int, object]:
-    """The value each call returned, by index: the first line for an index counts, and a
-    line that does not parse counts as nothing."""
-    found: dict[int, object] = {}
-    for line in stdout.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or parts[0] != MARK or not parts[1].isdigit():
-            continue
-        index = int(parts[1])
-        if index >= total or index in found:
-            continue
-        value = _parse(parts[2], language)
-        if value is not _UNREADABLE:
-            found[index] = value
-    return found
-
-
-_UNREADABLE: Final = object()
-
-
-def _parse(text: str, language: str) -> object:
-    try:
-        if language == "python":
-            return ast.literal_eval(text)
-        return json.loads(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return _UNREADABLE

@@ -34,6 +34,7 @@ from tests.integration.support import client, stream_entries, wait_count
 from tests.integration.test_validator_service import publish, settings
 
 SCORED: Codec[ScoredRollout] = Codec(ScoredRollout)
+#: The format tasks had before calls and expected values were kept apart: still judged.
 TESTS = [
     "assert add(1, 2) == 3",
     "assert add(5, 5) == 10",

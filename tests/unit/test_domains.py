@@ -20,6 +20,7 @@ from services.domains import (
 )
 from services.domains.arithmetic import evaluate
 from services.domains.doc_qa import money
+from services.domains.python_functions import scored_and_shown
 from services.domains.word_problems import decimal_text
 from services.validator.numbers import parse_number
 
@@ -168,3 +169,12 @@ def test_python_tasks_carry_tests_and_sandbox_limits() -> None:
     # The prompt's example is none of the scored calls.
     assert not any(f"{call} ==" in task.prompt[-1].content for call in task.metadata["calls"])
     assert "```python" in task.prompt[0].content
+
+
+def test_the_prompt_example_is_never_a_scored_input_even_in_a_tiny_space() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        cases, shown = scored_and_shown(lambda: rng.randint(1, 3), 20)
+        assert shown not in cases and cases  # two values left to score, the third shown
+    only, shown = scored_and_shown(lambda: 7, 4)
+    assert only == [7, 7, 7, 7] and shown == 7  # one input at all: nothing else to show

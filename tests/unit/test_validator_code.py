@@ -31,7 +31,7 @@ from services.domains.python_bank import SPECS
 from services.domains.python_functions import reference_function
 from services.validator.base import InfraFailure, InvalidRollout
 from services.validator.code import UnitTests, cases_of
-from services.validator.code_harness import MARK, returned
+from services.validator.code_results import MARK
 from services.validator.sandbox import SandboxRejected
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
@@ -211,22 +211,6 @@ def test_old_asserts_split_into_calls_and_expected_values() -> None:
     task = rollout("").task
     cases = cases_of(task, "python")
     assert (cases.calls, cases.expected) == (["add(1, 2)", "add(-1, 1)", "add(2, 2)"], [3, 0, 4])
-
-
-def test_returned_takes_the_first_readable_value_of_each_call_in_range() -> None:
-    out = "\n".join(
-        [
-            f"{MARK} 0 1",
-            f"{MARK} 0 2",  # a second line for a call does not replace the first
-            f"{MARK} 1 not a literal",
-            f"{MARK} 1 [1, 2]",
-            f"{MARK} 7 5",  # no call 7
-            f"{MARK} -1 5",
-            f"x{MARK} 2 5",
-        ]
-    )
-    assert returned(out, 3, "python") == {0: 1, 1: [1, 2]}
-    assert returned(f'{MARK} 0 {{"a": [true, null]}}', 1, "js") == {0: {"a": [True, None]}}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
