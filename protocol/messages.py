@@ -368,6 +368,9 @@ class SandboxOpen(Message, tag="sandbox_open"):
     files: dict[str, bytes] = {}
     #: Start from this snapshot's work directory (retry or resume a multi-step task).
     snapshot: str | None = None
+    #: A checker's session: a fresh sandbox of the service's checker user, a uid no
+    #: candidate's code runs as, in which no candidate's code ran before; never reused.
+    checker: bool = False
 
 
 class SandboxSession(Message, tag="sandbox_session"):

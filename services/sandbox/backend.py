@@ -7,6 +7,7 @@ from typing import Protocol
 
 from protocol.messages import SandboxStatus
 from services.sandbox.agent_client import AgentClient, ExecReply, ExecRequest
+from services.sandbox.limits import Shape
 from services.sandbox.settings import Limits
 
 
@@ -20,7 +21,7 @@ class Box:
 
     id: str
     agent: AgentClient
-    shape: tuple[int, int, float, int]
+    shape: Shape
     uses: int = 0
     #: Set when the box must not be reused (timeout, OOM, agent lost...).
     spoiled: str | None = None
@@ -43,7 +44,9 @@ class Backend(Protocol):
     async def maintain(self) -> None:
         """Background work (keep the warm pool full); runs until cancelled."""
 
-    async def acquire(self, limits: Limits) -> Box: ...
+    async def acquire(self, limits: Limits, *, checker: bool = False) -> Box:
+        """A sandbox for ``limits``; ``checker``: a fresh one of the checker user, in which
+        no candidate's code has ever run, used once and never reused."""
 
     async def execute(
         self, box: Box, request: ExecRequest, limits: Limits, *, last: bool = False

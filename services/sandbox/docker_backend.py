@@ -196,24 +196,23 @@ class DockerBackend(WarmPool):
             return failed(request, SandboxStatus.KILLED, f"the sandbox agent died: {error}", 0.0)
         return failed(request, SandboxStatus.KILLED, "the sandbox agent (PID 1) exited", 0.0)
 
-    async def _spawn(self, limits: Limits) -> Box:
+    async def _spawn(self, limits: Limits, user: str) -> Box:
         name = f"temper-sbx-{uuid.uuid4().hex[:12]}"
         socket_dir = self.settings.state_dir / name
         check_socket_path(socket_dir / SOCKET_NAME)
         socket_dir.mkdir(parents=True)
-        _give_to_user(socket_dir, self.settings.user)
-        config = self._config(limits, socket_dir)
+        _give_to_user(socket_dir, user)
+        config = self._config(limits, socket_dir, user)
         container = await self._create_container(config, name)
         try:
             await container.start()
             agent = await wait_for_agent(socket_dir / SOCKET_NAME)
-            _take_back(socket_dir, self.settings.user)
+            _take_back(socket_dir, user)
         except BaseException:
             await self._remove(container.id, name)
             raise
-        return Box(
-            id=container.id, agent=agent, shape=container_shape(limits), extra={"name": name}
-        )
+        shape = container_shape(limits, user)
+        return Box(id=container.id, agent=agent, shape=shape, extra={"name": name})
 
     async def _create_container(self, config: dict[str, Any], name: str) -> DockerContainer:
         """Create a container; cancelled meanwhile (the service stopping), still remove it.
@@ -235,8 +234,7 @@ class DockerBackend(WarmPool):
             return
         await self._remove(container.id, name)
 
-    def _config(self, limits: Limits, socket_dir: Path) -> dict[str, Any]:
-        user = self.settings.user
+    def _config(self, limits: Limits, socket_dir: Path, user: str) -> dict[str, Any]:
         memory = limits.memory_mb * 1024 * 1024
         # exec: compiled languages run what they build in /work; nosuid keeps setuid bits inert.
         tmpfs = f"rw,exec,nosuid,nodev,uid={user},gid={user},mode=0700"

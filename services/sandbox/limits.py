@@ -31,6 +31,11 @@ def resolve(
     return replace(defaults, **chosen)
 
 
-def container_shape(limits: Limits) -> tuple[int, int, float, int]:
-    """The limits fixed when a container is created; execs that share them share containers."""
-    return (limits.memory_mb, limits.pids, limits.cpus, limits.disk_mb)
+#: What is fixed when a sandbox is created: memory, pids, cpus, disk and the user code runs as.
+Shape = tuple[int, int, float, int, str]
+
+
+def container_shape(limits: Limits, user: str) -> Shape:
+    """The limits fixed when a container is created, and its user; execs that share
+    them may share containers."""
+    return (limits.memory_mb, limits.pids, limits.cpus, limits.disk_mb, user)

@@ -69,7 +69,9 @@ class LocalBackend(WarmPool):
             box.spoiled = status.value
         return Outcome(reply=reply, status=status, error=reply.error)
 
-    async def _spawn(self, limits: Limits) -> Box:
+    async def _spawn(self, limits: Limits, user: str) -> Box:
+        """``user`` names the tier only: code runs as this process's uid (a checker's
+        sandbox is still fresh, never one a candidate used)."""
         name = uuid.uuid4().hex[:12]
         root = self.settings.state_dir / name
         (root / "work").mkdir(parents=True)
@@ -93,7 +95,7 @@ class LocalBackend(WarmPool):
             shutil.rmtree(root, ignore_errors=True)
             raise
         self._procs[name] = proc
-        return Box(id=name, agent=agent, shape=container_shape(limits), extra={"root": root})
+        return Box(id=name, agent=agent, shape=container_shape(limits, user), extra={"root": root})
 
     def _argv(self, root: Path, limits: Limits) -> list[str]:
         rlimits = [f"--memory-mb={limits.memory_mb}", f"--nofile={self.settings.nofile}"]

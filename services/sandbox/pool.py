@@ -6,6 +6,7 @@ import abc
 import asyncio
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.messages import SandboxStatus
@@ -19,30 +20,46 @@ from services.sandbox.agent_client import (
     ExecRequest,
 )
 from services.sandbox.backend import Box, Outcome, SandboxUnavailable
-from services.sandbox.limits import container_shape
+from services.sandbox.limits import Shape, container_shape
 from services.sandbox.settings import Limits, SandboxSettings
 
 #: An idle agent answers a ping in about a millisecond; this is for a loaded machine.
 HEALTH_PING_TIMEOUT_S = 5.0
 
 
+@dataclass(eq=False)
+class _Tier:
+    """Warm sandboxes of one shape and user, ready in ``idle``."""
+
+    user: str
+    shape: Shape
+    #: How many are kept (idle or leased); 0 until first wanted, for the checker tier.
+    size: int
+    idle: asyncio.Queue[Box] = field(default_factory=asyncio.Queue)
+    creating: int = 0
+
+
 class WarmPool(abc.ABC):
     """Keeps ``pool_size`` sandboxes of the default shape; others are made on demand.
 
     Used sandboxes are reset and reused; one that is spoiled (timeout, OOM, agent lost)
-    or worn out (``max_uses``) is replaced in the background.
+    or worn out (``max_uses``) is replaced in the background.  Checker sandboxes (the
+    ``checker_user``, for checks that must run where no candidate ever was) are a tier of
+    their own: fresh, used once, never reset for reuse; ``checker_pool_size`` of them are
+    kept warm once the first is asked for.
     """
 
     name = "pool"
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
-        self._idle: asyncio.Queue[Box] = asyncio.Queue()
-        self._creating = 0
+        code_shape = container_shape(settings.defaults, settings.user)
+        self._code = _Tier(settings.user, code_shape, settings.pool_size)
+        checker_shape = container_shape(settings.defaults, settings.checker_user)
+        self._checker = _Tier(settings.checker_user, checker_shape, 0)
         self._creates = asyncio.Semaphore(settings.max_creates)
         self._wanted = asyncio.Event()
         self._boxes: dict[str, Box] = {}
-        self._default_shape = container_shape(settings.defaults)
         self._chores: set[asyncio.Task[None]] = set()
         self._log = get_logger(component=f"{self.name}-backend")
         self.created = 0
@@ -52,8 +69,8 @@ class WarmPool(abc.ABC):
     # ---------------------------------------------------------------- subclass hooks
 
     @abc.abstractmethod
-    async def _spawn(self, limits: Limits) -> Box:
-        """Create and start one sandbox whose agent answers."""
+    async def _spawn(self, limits: Limits, user: str) -> Box:
+        """Create and start one sandbox whose agent answers, its code running as ``user``."""
 
     @abc.abstractmethod
     async def _destroy(self, box: Box) -> None:
@@ -69,60 +86,64 @@ class WarmPool(abc.ABC):
     # ---------------------------------------------------------------- pool
 
     async def maintain(self) -> None:
-        """Keep ``pool_size`` warm sandboxes, and the idle ones alive (see _sweep)."""
+        """Keep the tiers' warm sandboxes, and the idle ones alive (see _sweep)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._refill())
             group.create_task(self._sweep())
 
     async def _refill(self) -> None:
-        """Keep ``pool_size`` warm sandboxes, creating at most ``max_creates`` at once."""
+        """Keep each tier full, creating at most ``max_creates`` at once."""
         self._wanted.set()
         while True:
             await self._wanted.wait()
             self._wanted.clear()
-            missing = self.settings.pool_size - self._warm_count() - self._creating
             # A TaskGroup, not gather: cancelled, it waits for every creation to clean up
             # (gather returns at the first cancelled child, orphaning containers mid-create).
             async with asyncio.TaskGroup() as group:
-                for _ in range(missing):
-                    group.create_task(self._warm_one())
+                for tier in (self._code, self._checker):
+                    for _ in range(tier.size - self._warm_count(tier) - tier.creating):
+                        group.create_task(self._warm_one(tier))
 
-    def _warm_count(self) -> int:
-        """Sandboxes of the default shape, idle or leased: ``pool_size`` bounds them all."""
-        return sum(1 for box in self._boxes.values() if box.shape == self._default_shape)
+    def _warm_count(self, tier: _Tier) -> int:
+        """Sandboxes of the tier's shape, idle or leased: its ``size`` bounds them all."""
+        return sum(1 for box in self._boxes.values() if box.shape == tier.shape)
 
-    async def _warm_one(self) -> None:
-        self._creating += 1
+    async def _warm_one(self, tier: _Tier) -> None:
+        tier.creating += 1
         try:
-            box = await self._create(self.settings.defaults)
+            box = await self._create(self.settings.defaults, tier.user)
         except Exception as error:  # the engine may be briefly unavailable; try again shortly
             self._log.error("warm_create_failed", error=repr(error))
             await asyncio.sleep(1.0)
             self._wanted.set()
             return
         finally:
-            self._creating -= 1
-        self._idle.put_nowait(box)
+            tier.creating -= 1
+        tier.idle.put_nowait(box)
 
-    async def _create(self, limits: Limits) -> Box:
+    async def _create(self, limits: Limits, user: str) -> Box:
         async with self._creates:
             started = time.perf_counter()
-            box = await self._spawn(limits)
+            box = await self._spawn(limits, user)
         self._boxes[box.id] = box
         self.created += 1
         self.cold_start_s = [*self.cold_start_s[-99:], time.perf_counter() - started]
         return box
 
-    async def acquire(self, limits: Limits) -> Box:
-        if container_shape(limits) != self._default_shape:
-            return await self._create(limits)  # unusual limits: a dedicated sandbox
-        box = self._take_idle()
+    async def acquire(self, limits: Limits, *, checker: bool = False) -> Box:
+        tier = self._checker if checker else self._code
+        if checker and tier.size == 0:
+            tier.size = self.settings.checker_pool_size
+            self._wanted.set()
+        if container_shape(limits, tier.user) != tier.shape:
+            return await self._create(limits, tier.user)  # unusual limits: a dedicated sandbox
+        box = self._take_idle(tier)
         if box is not None:  # the common case: no timer to arm, no wait
             return box
         try:
             async with asyncio.timeout(self.settings.acquire_timeout_s):
                 while True:
-                    box = self._check_out(await self._idle.get())
+                    box = self._check_out(await tier.idle.get())
                     if box is not None:
                         return box
         except TimeoutError:
@@ -131,10 +152,10 @@ class WarmPool(abc.ABC):
                 f"no sandbox free within {self.settings.acquire_timeout_s}s"
             ) from None
 
-    def _take_idle(self) -> Box | None:
-        """An idle sandbox that is ready now, if there is one."""
-        while not self._idle.empty():
-            box = self._check_out(self._idle.get_nowait())
+    def _take_idle(self, tier: _Tier) -> Box | None:
+        """An idle sandbox of the tier that is ready now, if there is one."""
+        while not tier.idle.empty():
+            box = self._check_out(tier.idle.get_nowait())
             if box is not None:
                 return box
         return None
@@ -148,8 +169,9 @@ class WarmPool(abc.ABC):
         return None
 
     def _reusable(self, box: Box) -> bool:
-        """Not worn out (``max_uses``) and of the warm pool's shape: reset, then reused."""
-        return box.uses < self.settings.max_uses and box.shape == self._default_shape
+        """Not worn out (``max_uses``) and of the code tier's shape (never a checker's):
+        reset, then reused."""
+        return box.uses < self.settings.max_uses and box.shape == self._code.shape
 
     async def release(self, box: Box) -> None:
         self._inspect(box)
@@ -160,7 +182,7 @@ class WarmPool(abc.ABC):
             except AgentError as error:
                 box.spoiled = f"reset failed: {error}"
             else:
-                self._idle.put_nowait(box)
+                self._code.idle.put_nowait(box)
                 return
         await self._discard(box)
         self._wanted.set()
@@ -195,10 +217,11 @@ class WarmPool(abc.ABC):
             return
         while True:
             await asyncio.sleep(interval)
-            idle = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
-            await asyncio.gather(*(self._check(box) for box in idle))
+            for tier in (self._code, self._checker):
+                idle = [tier.idle.get_nowait() for _ in range(tier.idle.qsize())]
+                await asyncio.gather(*(self._check(box, tier) for box in idle))
 
-    async def _check(self, box: Box) -> None:
+    async def _check(self, box: Box, tier: _Tier) -> None:
         """Back to the idle queue once its agent answers a ping (at once), else replaced."""
         try:
             if box.agent.dead:
@@ -207,7 +230,7 @@ class WarmPool(abc.ABC):
         except AgentError as error:
             await self._retire(box, f"dead while idle: {error}")
             return
-        self._idle.put_nowait(box)
+        tier.idle.put_nowait(box)
 
     async def _retire(self, box: Box, reason: str) -> None:
         box.spoiled = reason
@@ -246,8 +269,9 @@ class WarmPool(abc.ABC):
     def statistics(self) -> dict[str, float]:
         starts = sorted(self.cold_start_s)
         return {
-            "pool_idle": float(self._idle.qsize()),
-            "pool_creating": float(self._creating),
+            "pool_idle": float(self._code.idle.qsize()),
+            "pool_creating": float(self._code.creating + self._checker.creating),
+            "checker_idle": float(self._checker.idle.qsize()),
             "sandboxes": float(len(self._boxes)),
             "sandboxes_created": float(self.created),
             "sandboxes_recycled": float(self.recycled),

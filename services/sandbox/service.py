@@ -247,7 +247,7 @@ class SandboxService(Service):
         for path in request.files:
             _check_path(path)
         try:
-            box = await self.backend.acquire(limits)
+            box = await self.backend.acquire(limits, checker=request.checker)
         except SandboxUnavailable as error:
             raise RequestRejected(ErrorCode.UNAVAILABLE, str(error)) from None
         ttl = request.ttl_s or self.settings.session_ttl_s

@@ -86,6 +86,11 @@ class SandboxSettings:
     max_in_flight: int = 16
     #: Container user; must match the image (deploy/sandbox).
     user: str = "10001"
+    #: The user of checker sessions (``SandboxOpen.checker``): a uid no candidate's code
+    #: runs as, so nothing a candidate left can be its own at check time.
+    checker_user: str = "10002"
+    #: Fresh checker sandboxes kept warm, once the first is asked for (each is used once).
+    checker_pool_size: int = 2
     nofile: int = 256
     #: Docker engine URL; empty uses the local socket (or DOCKER_HOST).
     docker_url: str = ""
@@ -121,6 +126,11 @@ class SandboxSettings:
             wrong += [f"language {language!r}: {why}" for why in self.over_maxima(own)]
         if wrong:
             raise SettingsError("sandbox limits above their maxima: " + "; ".join(wrong))
+        if self.checker_user == self.user:
+            raise SettingsError(
+                f"sandbox checker_user {self.checker_user!r} is the code's user: checks must "
+                "run as a uid no candidate's code runs as (TEMPER_SANDBOX_CHECKER_USER)"
+            )
 
 
 def _as_request(limits: Limits) -> SandboxLimits:

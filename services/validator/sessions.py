@@ -70,7 +70,11 @@ class Sessions(Protocol):
         files: Mapping[str, bytes],
         limits: SandboxLimits,
         snapshot: str | None = None,
-    ) -> ShellSession: ...
+        *,
+        checker: bool = False,
+    ) -> ShellSession:
+        """``checker``: a fresh sandbox of the checker user, where no candidate ran."""
+        ...
 
 
 class NatsSessions:
@@ -87,10 +91,16 @@ class NatsSessions:
         files: Mapping[str, bytes],
         limits: SandboxLimits,
         snapshot: str | None = None,
+        *,
+        checker: bool = False,
     ) -> ShellSession:
         # A snapshot our store no longer has is refused: an InfraFailure like any refusal.
         request = SandboxOpen(
-            id=f"{name}-{uuid.uuid4().hex[:8]}", files=dict(files), limits=limits, snapshot=snapshot
+            id=f"{name}-{uuid.uuid4().hex[:8]}",
+            files=dict(files),
+            limits=limits,
+            snapshot=snapshot,
+            checker=checker,
         )
         reply = await _request(
             self._nc, subjects.sandbox_session(), encode(request), self._timeout_s

@@ -10,8 +10,9 @@ whose end snapshot could not be taken (``snapshot_error``: a work directory that
 be archived, a sandbox its own command spoiled) scores 0.
 
 Each check's probe (see :mod:`services.validator.terminal_probes`) then runs in a fresh
-session opened from that snapshot: only the work directory's files, no process of the
-policy's session, a clean environment, one session per probe so that nothing a probe
+checker session opened from that snapshot: only the work directory's files, no process of
+the policy's session, a sandbox no candidate's code ever ran in, the checker user (a uid
+the policy never had), a clean environment, one session per probe so that nothing a probe
 starts outlives it.  Only the probe's recipe enters the sandbox; its observation comes
 back and is compared with the expected value here.
 
@@ -141,7 +142,9 @@ class HiddenTest:
     async def _probe(self, rollout: Rollout, snapshot: str, check: Check) -> tuple[bool, str]:
         """Whether the check holds, in a session of its own opened from the snapshot."""
         command, outputs = argv(check.probe)
-        session = await self.sessions.open(f"check-{rollout.id}", {}, self.limits, snapshot)
+        session = await self.sessions.open(
+            f"check-{rollout.id}", {}, self.limits, snapshot, checker=True
+        )
         try:
             result = await session.probe(command, outputs)
         finally:

@@ -62,6 +62,11 @@ STEALER = (
     '2>/dev/null | tr "\\0" "\\n" | grep -E "^[0-9]+$" | tail -1 > error_count.txt; '
     "sleep 0.02; done' >/dev/null 2>&1 </dev/null & echo started"
 )
+#: A check's own uid is not the policy's, and every process it can see is its own.
+APART = (
+    'test "$(id -u)" != "$(cat policy_uid.txt)" && '
+    'test -z "$(ps -eo uid= | tr -d " " | grep -vx "$(id -u)")" && echo apart'
+)
 #: The work directory too big to archive (over the agent's 40 MiB).
 HUGE = "head -c 45000000 /dev/urandom > junk.bin"
 
@@ -181,13 +186,19 @@ async def test_cheats_score_no_more_than_the_work_they_do(stack: NATS) -> None:
 async def isolation_rollout(nc: NATS) -> Rollout:
     """Nothing a probe starts outlives it: the first probe runs the candidate's script,
     which leaves a process behind that writes a file a moment later; the second probe,
-    later, must not see it (each probe has a fresh session from the snapshot)."""
+    later, must not see it (each probe has a fresh session from the snapshot).  The third
+    runs as a uid the policy never had, where no process of the policy's session is."""
     checks = (
         Check(name="first", message="step.sh failed", probe=succeeds("bash step.sh")),
         Check(
             name="second",
             message="a process of the first probe was still there",
             probe=output_is("sleep 2; cat flag.txt 2>/dev/null || echo clean", "clean"),
+        ),
+        Check(
+            name="apart",
+            message="the check ran as the policy's uid, or beside its processes",
+            probe=output_is(APART, "apart"),
         ),
     )
     task_made = Made(
@@ -203,4 +214,6 @@ async def isolation_rollout(nc: NATS) -> Rollout:
         "printf '%s\\n' \"setsid nohup bash -c 'sleep 0.5; echo dirty > flag.txt' "
         '>/dev/null 2>&1 </dev/null &" > step.sh'
     )
-    return await live(nc, task, (script,))
+    # The policy's uid, and a process of it that would outlive the turn if it could.
+    mark = "id -u > policy_uid.txt; (setsid sleep 300 >/dev/null 2>&1 </dev/null &)"
+    return await live(nc, task, (script, mark))

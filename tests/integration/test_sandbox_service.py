@@ -170,6 +170,57 @@ async def test_a_session_keeps_its_sandbox_until_closed(
     assert isinstance(gone, ErrorReply) and gone.field == "$.session"
 
 
+async def session_run(nc: NATS, opened: SandboxSession, script: str) -> str:
+    result = await ask(
+        nc,
+        SandboxExec(id="s", session=opened.session, language="bash", code=script),
+        opened.subject,
+    )
+    assert isinstance(result, SandboxResult) and result.status is SandboxStatus.OK, result
+    return result.stdout
+
+
+async def open_session(nc: NATS, **fields: object) -> SandboxSession:
+    opened = await ask(nc, SandboxOpen(id="o", **fields), subjects.sandbox_session())  # type: ignore[arg-type]
+    assert isinstance(opened, SandboxSession), opened
+    return opened
+
+
+async def test_a_checker_session_is_a_fresh_sandbox_of_a_user_the_code_never_was(
+    docker_sandbox: tuple[SandboxService, NATS],
+) -> None:
+    service, nc = docker_sandbox
+    policy = await open_session(nc)
+    mine = await session_run(
+        nc, policy, "id -u > mine.txt; (setsid sleep 300 >/dev/null 2>&1 &); hostname"
+    )
+    saved = await ask(nc, SandboxSnapshotRequest(session=policy.session), policy.subject)
+    assert isinstance(saved, SandboxSnapshot)
+    await ask(nc, SandboxClose(session=policy.session), policy.subject)
+    hosts = {mine.strip()}
+    checker_hosts = []
+    for _ in range(3):  # more than the warm checkers: a reused one would be met
+        checker = await open_session(nc, snapshot=saved.snapshot, checker=True)
+        seen = await session_run(
+            nc, checker, "id -u; cat mine.txt; hostname; ps -eo uid= | sort -u"
+        )
+        uid, policy_uid, host, *uids = seen.split()
+        # The policy's files come over, its uid and its processes do not.
+        assert (uid, policy_uid) == ("10002", "10001") and uids == ["10002"], seen
+        assert host not in hosts, "a checker got a sandbox code had run in"
+        hosts.add(host)
+        checker_hosts.append(host)
+        await ask(nc, SandboxClose(session=checker.session), checker.subject)
+    # Once asked for, checkers are kept warm; the code's sessions never get one.
+    async with asyncio.timeout(60):
+        while service.backend.statistics()["checker_idle"] < 1:
+            await asyncio.sleep(0.05)
+    for _ in range(3):
+        plain = await open_session(nc)
+        assert (await session_run(nc, plain, "hostname")).strip() not in checker_hosts
+        await ask(nc, SandboxClose(session=plain.session), plain.subject)
+
+
 async def test_an_abandoned_session_is_reclaimed(
     nats_url: str, tmp_path: Path, sandbox_image: str
 ) -> None:

@@ -61,3 +61,9 @@ def test_over_maxima_names_each_field_a_domain_asks_too_much_of() -> None:
     assert settings.over_maxima(SandboxLimits(timeout_s=60.0, memory_mb=2048)) == []
     over = settings.over_maxima(SandboxLimits(timeout_s=600.0, pids=5000))
     assert [line.split()[0] for line in over] == ["timeout_s", "pids"]
+
+
+def test_a_checker_user_that_is_the_codes_user_stops_the_start() -> None:
+    settings = SandboxSettings(user="10001", checker_user="10001")
+    with pytest.raises(SettingsError, match="checker_user '10001' is the code's user"):
+        settings.check()

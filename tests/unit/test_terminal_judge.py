@@ -121,6 +121,8 @@ class FakeSandbox:
     )
     unsaved: bool = False
     opened: list[tuple[dict[str, bytes], str | None]] = field(default_factory=list)
+    #: Per open: whether it asked for a checker's session.
+    checkers: list[bool] = field(default_factory=list)
     ran: list[str] = field(default_factory=list)
     probes: list[tuple[list[str], list[str]]] = field(default_factory=list)
     closed: int = 0
@@ -131,8 +133,11 @@ class FakeSandbox:
         files: Mapping[str, bytes],
         limits: SandboxLimits,
         snapshot: str | None = None,
+        *,
+        checker: bool = False,
     ) -> FakeSession:
         self.opened.append((dict(files), snapshot))
+        self.checkers.append(checker)
         return FakeSession(self)
 
 
@@ -167,6 +172,7 @@ async def test_a_snapshot_is_judged_one_fresh_session_per_probe_without_replay()
     rollout = rollout_of("executable_script", [call("bash", "chmod +x tools/greet.sh")])
     verdict = await judge_with(box).score(msgspec.structs.replace(rollout, snapshot="snap-9"))
     assert box.ran == [] and box.opened == [({}, "snap-9"), ({}, "snap-9")]
+    assert box.checkers == [True, True]
     assert box.closed == 2 and len(box.probes) == 2
     # The exit-status probe holds; the read probe got no file back.
     assert verdict.score == 0.5 and "1/2 checks passed; failed: ran (" in verdict.message
@@ -181,6 +187,8 @@ async def test_without_a_snapshot_the_replay_is_snapshotted_then_probed() -> Non
     assert box.ran == ["chmod +x tools/greet.sh", "x"]
     assert list(box.opened[0][0]) == ["tools/greet.sh"] and box.opened[0][1] is None
     assert [snap for _, snap in box.opened[1:]] == ["replayed-snap", "replayed-snap"]
+    # The replay runs the candidate's commands as the candidate; only the probes check.
+    assert box.checkers == [False, True, True]
     assert box.closed == 3 and verdict.message.startswith("1/2 checks passed")
 
 
