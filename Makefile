@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 
-.PHONY: venv sglang-venv run test test-unit test-integration compose-test bench lint fixtures schema clean
+.PHONY: venv sglang-venv run test test-fast test-unit test-integration compose-test bench lint fixtures schema clean
 
 venv: $(STAMP)
 
@@ -37,8 +37,11 @@ test: venv sglang-venv
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
-test-unit: venv
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+# The unit tier: no process, no server (tests/unit/conftest.py refuses them); minutes, not tens.
+test-fast: venv
+	$(BIN)/python -m pytest tests/unit --durations=20 $(PYTEST_ARGS)
+
+test-unit: test-fast
 
 test-integration: venv
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)

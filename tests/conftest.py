@@ -20,6 +20,18 @@ from tests.sglang_fixtures import (  # noqa: F401  (fixtures, used by name)
 )
 
 
+TESTS = Path(__file__).resolve().parent
+#: Each test folder's tier: ``unit`` starts no process and no server (tests/unit/conftest.py
+#: refuses them), ``integration`` has NATS, Docker and SGLang.
+TIERS = {"unit": "unit", "integration": "integration", "adversarial": "integration"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        item.add_marker(TIERS.get(folder, "integration"))
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     """A fresh nats-server with JetStream, storing under the test's tmp dir.

@@ -41,7 +41,7 @@ from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings
 from tests.conftest import REPO
 from tests.integration.support import client
-from tests.unit.test_sandbox_agent import MEMORY_SCAN
+from tests.integration.test_sandbox_agent import MEMORY_SCAN
 
 S = SandboxStatus
 RESULTS: Codec[SandboxResult] = Codec(SandboxResult)

@@ -1,26 +1,51 @@
-"""Fixtures shared by the sandbox agent's unit tests (a real agent process, no Docker)."""
+"""The unit tier starts no process and no server: a test that does belongs in tests/integration.
+
+Every way this interpreter can start a process (``subprocess``, ``asyncio``'s subprocesses and
+``multiprocessing`` all end in ``fork_exec`` or ``posix_spawn``; ``os.fork`` besides) is refused during a unit test, and the test fails naming what it started, even when
+the code under test swallowed the error.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+import _posixsubprocess
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from services.sandbox.agent_client import AgentClient
-from tests.unit.test_sandbox_agent import RunningAgent, start_agent
+#: Where a process can be started from Python, as (module, attribute).
+SPAWNERS: tuple[tuple[Any, str], ...] = (
+    (_posixsubprocess, "fork_exec"),
+    (subprocess, "_fork_exec"),  # subprocess's own reference to it
+    (os, "fork"),
+    (os, "forkpty"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+)
 
 
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[RunningAgent]:
-    with start_agent(tmp_path) as running:
-        yield running
+class ProcessInUnitTest(BaseException):
+    """BaseException: code under test that catches Exception must not hide it."""
 
 
-@pytest.fixture
-async def client(agent: RunningAgent) -> AsyncIterator[AgentClient]:
-    connected = await AgentClient.connect(agent.socket, timeout_s=10.0)
-    try:
-        yield connected
-    finally:
-        await connected.close()
+@pytest.fixture(autouse=True)
+def no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    started: list[str] = []
+    for module, name in SPAWNERS:
+        monkeypatch.setattr(module, name, _refuse(started, f"{module.__name__}.{name}"))
+    yield
+    if started:
+        pytest.fail(
+            f"a unit test started a process ({', '.join(started)}): move it to tests/integration",
+            pytrace=False,
+        )
+
+
+def _refuse(started: list[str], what: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        started.append(what)
+        raise ProcessInUnitTest(f"{what}: the unit tier starts no process")
+
+    return refuse

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -171,14 +169,14 @@ def test_read_tasks_skips_blank_and_comment_lines_but_counts_them() -> None:
 # ---------------------------------------------------------------- parser
 
 
-def test_help_lists_every_command() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "services", "--help"], capture_output=True, text=True, timeout=30
-    )
-    assert done.returncode == 0
-    listed = re.findall(r"^\s{4}(\w+)\s", done.stdout, re.MULTILINE)
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--help"])
+    assert caught.value.code == 0
+    printed = capsys.readouterr().out
+    listed = re.findall(r"^\s{4}(\w+)\s", printed, re.MULTILINE)
     assert tuple(listed) == COMMANDS
-    assert "usage: temper" in done.stdout
+    assert "usage: temper" in printed
 
 
 def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ from protocol.errors import ErrorCode
 from services.runtime.errors import RequestRejected
 from services.sandbox.agent_client import AgentClient, AgentRejected
 from services.sandbox.snapshots import SnapshotStore
-from tests.unit.test_sandbox_agent import RunningAgent, run
+from tests.integration.test_sandbox_agent import RunningAgent, run
 
 
 async def test_archive_then_extract_restores_the_workdir(

@@ -22,15 +22,19 @@ print(child.pid, flush=True)
 time.sleep(600)
 """
 
+#: Says "watching" (on the parent's stdout, which it inherits) once the watch is on.
 CHILD = """
 import time
 from services.runtime.orphans import exit_with_parent
 exit_with_parent("test child")
+print("watching", flush=True)
 time.sleep(600)
 """
 
 
-def _family(child_code: str) -> tuple[subprocess.Popen[str], int]:
+def _family(child_code: str, lines: int = 1) -> tuple[subprocess.Popen[str], int]:
+    """The parent and its child's pid, once ``lines`` lines are out (the pid, and the
+    child's own when it says it is ready)."""
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, child_code],
         cwd=REPO,
@@ -38,7 +42,8 @@ def _family(child_code: str) -> tuple[subprocess.Popen[str], int]:
         text=True,
     )
     assert parent.stdout is not None
-    return parent, int(parent.stdout.readline())
+    said = [parent.stdout.readline().strip() for _ in range(lines)]
+    return parent, int(next(line for line in said if line.isdigit()))
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
@@ -51,8 +56,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 
 def test_a_watched_child_dies_when_its_parent_is_killed() -> None:
-    parent, child = _family(CHILD)
-    time.sleep(1.5)  # the child has imported and is watching
+    parent, child = _family(CHILD, lines=2)
     assert alive(child)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
