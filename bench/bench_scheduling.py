@@ -400,7 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--quick", action="store_true", help="one repeat, few tasks of 8 turns at most (smoke test)"
+        "--quick",
+        action="store_true",
+        help="one repeat, few tasks of 4 turns of 64 tokens at most (smoke test)",
     )
     parser.add_argument("--high-tasks", type=int, default=Workload.high_tasks)
     parser.add_argument("--interval", type=float, default=Workload.interval_s)
@@ -426,7 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     repeats = args.repeats
     if args.quick:
-        work = dataclasses.replace(work, high_tasks=3, max_turns=min(work.max_turns, 8))
+        # Shorter low-tier turns: the high tier waits off a slot for a whole trajectory.
+        quick_turns, quick_tokens = min(work.max_turns, 4), min(work.turn_tokens, 64)
+        work = dataclasses.replace(
+            work, high_tasks=3, max_turns=quick_turns, turn_tokens=quick_tokens
+        )
         repeats, args.sandbox_rounds = 1, min(args.sandbox_rounds, 1)
     with_on = preemption_available()
     note = "" if with_on else "preemption on: not in this build (no GeneratorSettings.preemption)"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from services.evaluation.heldout import HeldoutSet
+from services.model.load import load_causal_lm
 from services.model.tokens import ChatTokenizer
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -50,10 +51,9 @@ def answer_is(text: str, answer: str) -> bool:
 
 
 def heldout_greedy_accuracy(model_dir: Path, heldout: HeldoutSet) -> float:
-    from transformers import AutoModelForCausalLM
 
     tokenizer = ChatTokenizer.load(model_dir)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = load_causal_lm(model_dir)
     domain = heldout.domain
     prompts = [tokenizer.render(domain.prompt.messages(p.question)) for p in heldout.problems]
     texts = greedy_texts(model, tokenizer, prompts, domain.max_tokens)

@@ -51,6 +51,7 @@ from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
 from services.generator.trajectory import LoopLimits
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
+from services.model.load import parse_dtype
 from services.model.tokens import ChatTokenizer
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.errors import Defer, Reject
@@ -494,7 +495,7 @@ def make_engine(settings: GeneratorSettings) -> Engine:
         return TorchEngine(
             settings.model,
             device=settings.device or None,
-            dtype=getattr(torch, settings.dtype) if settings.dtype else None,
+            dtype=parse_dtype(settings.dtype),
             cache_bytes=settings.prefix_cache_mb << 20,
             tune_linears=settings.tune_linears,
         )

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from services.generator import cpu_attention, linear_forms
 from services.generator.engine import (
@@ -64,14 +64,11 @@ from services.generator.torch_weights import (
     read_state_dict,
     source_path,
 )
+from services.model.load import default_device, default_dtype, load_causal_lm
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
 
 log = get_logger(component="torch_engine")
-
-#: transformers' from_pretrained is not thread-safe (two engines loading at once in two
-#: threads get meta tensors and untied heads): loads are serialized process-wide.
-_LOAD_LOCK = threading.Lock()
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -142,10 +139,8 @@ class TorchEngine:
         tune_linears: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        # bf16 on a GPU; float32 on the CPU: behaviour logprobs then match a float32
-        # learner's, and CPUs without AVX512-BF16 run bf16 several times slower.
-        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.device = torch.device(device) if device else default_device()
+        self.dtype = dtype or default_dtype(self.device)
         self.cache_bytes = cache_bytes
         self.cache_outputs = cache_outputs
         #: On a CPU, time the two forms of each linear layer's few-row products at load
@@ -358,10 +353,7 @@ class TorchEngine:
     # ------------------------------------------------------------------ worker thread
 
     def _load_model(self) -> None:
-        with _LOAD_LOCK:
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
-        # nn.Module.to: PreTrainedModel.to's decorator confuses type checkers.
-        torch.nn.Module.to(model, self.device)
+        model: PreTrainedModel = load_causal_lm(self.model_dir, self.device, self.dtype)
         model.train(False)  # eval mode (dropout off)
         model.requires_grad_(False)
         # transformers 5 renamed ``past_key_values`` to ``cache`` (old name deprecated).

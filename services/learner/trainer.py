@@ -39,6 +39,7 @@ from services.learner.loss import (
     target_logprobs,
 )
 from services.learner.reward_bounds import RewardBounds
+from services.model.load import load_causal_lm
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
 from services.runtime.weights import directory_digest
@@ -190,15 +191,13 @@ class Trainer:
         device: str = "cpu",
         parallel: DataParallel | None = None,
     ):
-        from transformers import AutoModelForCausalLM
 
         torch.manual_seed(config.seed)
         self.source = model_dir
         self.out_dir = out_dir
         self.config = config
         self.device = torch.device(device)
-        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self.model: Any = model.to(self.device)
+        self.model: Any = load_causal_lm(model_dir, self.device)
         self.model.train()
         #: Under torchrun: this rank's share of the micro-batches and the gradient sum.
         self._parallel = parallel
@@ -208,10 +207,8 @@ class Trainer:
         self._config_json: str = self.model.config.to_json_string()
         self.reference: Any = None
         if config.loss.kl_coef:
-            reference: Any = AutoModelForCausalLM.from_pretrained(
-                str(model_dir), dtype=torch.float32
-            )
-            self.reference = reference.to(self.device).eval().requires_grad_(False)
+            reference = load_causal_lm(model_dir, self.device)
+            self.reference = reference.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
@@ -542,9 +539,8 @@ class Trainer:
     def load_weights(self, path: Path, *, version: int, step: int, samples: int) -> None:
         """Take the weights of a published directory (newer than the checkpoint resumed
         from) as version ``version`` after ``step`` steps; ``samples`` more consumed."""
-        from transformers import AutoModelForCausalLM
 
-        published: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        published = load_causal_lm(path)
         with self._lock:
             if (sharding := self._sharding()) is not None:
                 sharding.load(self.model, None, published.state_dict(), None)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from services.domains import Domain
+from services.model.load import load_causal_lm
 from services.model.tokens import ChatTokenizer
 
 
@@ -46,7 +47,6 @@ class WarmupResult:
 
 def supervised_warmup(model_dir: Path, domain: Domain, config: WarmupConfig) -> WarmupResult:
     """Train ``model_dir`` on ``domain``'s reference completions, in place."""
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(config.seed)
     tokenizer = ChatTokenizer.load(model_dir)
@@ -55,7 +55,7 @@ def supervised_warmup(model_dir: Path, domain: Domain, config: WarmupConfig) -> 
         for e in domain.examples(config.examples, split="train", seed=config.seed)
     ]
     probe = _Probe.of(domain, tokenizer, config) if config.target_accuracy else None
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = load_causal_lm(model_dir)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(config.seed)

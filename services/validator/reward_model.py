@@ -28,20 +28,13 @@ class RewardModel:
     def __init__(self, path: Path, max_length: int = 1024) -> None:
         # Imported here: a validator without a reward model never pays for torch.
         import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from services.model.load import load_sequence_scorer
 
         self.path = path
         self.max_length = max_length
         self._torch = torch
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(path)
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model: Any = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, dtype=torch.float32
-        )
-        # The model finds each sequence's last token through the pad id.
-        self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.model.eval()
+        self.tokenizer, self.model = load_sequence_scorer(path)
 
     def __call__(self, texts: Sequence[str]) -> list[float]:
         batch = self.tokenizer(
