@@ -42,7 +42,7 @@ from stack_figures import learner_stages, learner_steps, service_lines  # noqa: 
 
 from services.domains import load_registry  # noqa: E402
 from services.evaluation.heldout import HeldoutSet  # noqa: E402
-from services.evaluation.offline import heldout_greedy_accuracy  # noqa: E402
+from services.model.greedy import heldout_greedy_accuracy  # noqa: E402
 
 DOMAIN = "arithmetic_sum3"
 GROUP, BATCH, LR = 8, 256, 3e-4

@@ -38,8 +38,8 @@ from services.domains import load_registry  # noqa: E402
 from services.learner.trainer import Trainer, TrainerConfig  # noqa: E402
 from services.model.tiny import init_model  # noqa: E402
 from services.model.tokens import ChatTokenizer  # noqa: E402
+from services.model.weights import verify_digest  # noqa: E402
 from services.runtime.stages import Stages  # noqa: E402
-from services.runtime.weights import verify_digest  # noqa: E402
 
 ROUNDS, GROUP, BATCH = 7, 8, 256
 

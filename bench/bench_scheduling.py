@@ -72,7 +72,7 @@ from services.domains.api import Domain, Example, Split
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import parse_tool_call
-from services.learner.warmup import WarmupConfig
+from services.model.sft import WarmupConfig
 from services.model.tiny import TinyModelSpec
 from services.runtime import logs
 from services.runtime.jetstream import ensure_streams
@@ -155,7 +155,7 @@ def warmed_policy(depth: int = FIRST_DEPTH) -> Path:
     path = cache_root() / f"bench-scheduling-policy-{hashlib.sha256(recipe).hexdigest()[:16]}"
     if (path / "config.json").exists():
         return path
-    from services.learner.warmup import supervised_warmup
+    from services.model.sft import supervised_warmup
     from services.model.tiny import init_model
 
     print(f"warming the tool-calling policy into {path} (once) ...", flush=True)

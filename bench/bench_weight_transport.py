@@ -1,7 +1,7 @@
 """Weight publication by disk vs by torch.distributed broadcast, into a real CPU SGLang server.
 
 Every round writes a new policy version the way the learner does
-(``services.learner.export.write_weights``: safetensors in memory, digest, one write) from
+(``services.model.weights.write_weights``: safetensors in memory, digest, one write) from
 the model with its weights nudged, announces it on a real nats-server (loopback) and stops
 the clock when the generator service's WeightSyncAck arrives, which it sends once the
 server serves the version.  The two transports alternate, disk first, after one untimed
@@ -50,8 +50,8 @@ from services.generator.settings import GeneratorSettings
 from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings
 from services.generator.sglang_server import SGLangServer, SGLangServerSettings, sglang_python
 from services.learner.broadcast import BroadcastSettings, WeightServer
-from services.learner.export import write_weights
 from services.learner.trainer import Exported
+from services.model.weights import write_weights
 from services.runtime import RuntimeSettings, Service, logs
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
 
@@ -262,7 +262,7 @@ class Bench:
 
 
 def _digest(path: Path) -> str:
-    from services.runtime.weights import directory_digest
+    from services.model.weights import directory_digest
 
     return directory_digest(path)
 

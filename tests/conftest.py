@@ -19,7 +19,6 @@ from tests.sglang_fixtures import (  # noqa: F401  (fixtures, used by name)
     sglang_server_factory,
 )
 
-
 TESTS = Path(__file__).resolve().parent
 #: Each test folder's tier: ``unit`` starts no process and no server (tests/unit/conftest.py
 #: refuses them), ``integration`` has NATS, Docker and SGLang.
@@ -99,7 +98,7 @@ def tool_policy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> P
     import shutil
 
     from services.domains import load_registry
-    from services.learner.warmup import WarmupConfig, supervised_warmup
+    from services.model.sft import WarmupConfig, supervised_warmup
 
     policy = tmp_path_factory.mktemp("tool-policy") / "policy"
     shutil.copytree(tiny_model, policy)

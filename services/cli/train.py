@@ -152,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def prepare_policy(plan: TrainPlan) -> Path:
     """The tiny policy, warmed up once; a later run continues from the learner's checkpoint."""
     from services.domains import UnknownDomain, load_registry
-    from services.learner.warmup import WarmupConfig, supervised_warmup
+    from services.model.sft import WarmupConfig, supervised_warmup
     from services.model.tiny import init_model
 
     try:

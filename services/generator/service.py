@@ -53,6 +53,7 @@ from services.generator.trajectory import LoopLimits
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.model.load import parse_dtype
 from services.model.tokens import ChatTokenizer
+from services.model.weights import verify_digest
 from services.runtime.consumer import ConsumerTuning, Delivery
 from services.runtime.errors import Defer, Reject
 from services.runtime.jetstream import ConsumerSpec
@@ -61,7 +62,6 @@ from services.runtime.priority import PriorityGate
 from services.runtime.responder import Request
 from services.runtime.service import Service
 from services.runtime.stages import Stages
-from services.runtime.weights import verify_digest
 
 #: After a reconnect, how long to wait for JetStream to answer again (a restarted server
 #: recovers its streams first) before the catch-up reads the policy stream anyway.

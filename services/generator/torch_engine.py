@@ -58,13 +58,13 @@ from services.generator.engine import (
 )
 from services.generator.radix import Match, Node, RadixCache, RadixStatistics, common_prefix
 from services.generator.torch_batch import Batch, Prefill, full_attention, prefill_groups
-from services.generator.torch_weights import (
+from services.model.load import default_device, default_dtype, load_causal_lm
+from services.model.weights import (
     apply_state_dict,
     check_state_dict,
     read_state_dict,
     source_path,
 )
-from services.model.load import default_device, default_dtype, load_causal_lm
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
 

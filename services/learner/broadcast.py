@@ -48,8 +48,8 @@ from protocol.messages import (
     WeightTensor,
 )
 from services.generator.sglang_server import free_port
-from services.learner.export import WEIGHTS_FILE
 from services.learner.trainer import Exported
+from services.model.weights import WEIGHTS_FILE
 from services.runtime.errors import RequestRejected
 from services.runtime.responder import Request
 from services.runtime.service import Service

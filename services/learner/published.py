@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.learner.ledger import Line, read
-from services.runtime.weights import directory_digest
+from services.model.weights import directory_digest
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,6 @@ from services.evaluation.figures import DomainFigures
 from services.learner import domain_figures
 from services.learner.checkpoints import CheckpointStore, Loaded
 from services.learner.checkpoints import read as read_checkpoint
-from services.learner.export import write_weights
 from services.learner.loss import (
     LossConfig,
     LossStats,
@@ -40,9 +39,9 @@ from services.learner.loss import (
 )
 from services.learner.reward_bounds import RewardBounds
 from services.model.load import load_causal_lm
+from services.model.weights import directory_digest, write_weights
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
-from services.runtime.weights import directory_digest
 
 if TYPE_CHECKING:
     from services.learner.distributed import DataParallel

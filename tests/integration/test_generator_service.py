@@ -26,7 +26,7 @@ from protocol.packed import pack_i32
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.model.tiny import TinyModelSpec, init_model
-from services.runtime.weights import directory_digest
+from services.model.weights import directory_digest
 from tests.integration.support import client, runtime, stream_count
 
 ROLLOUTS: Codec[Rollout] = Codec(Rollout)

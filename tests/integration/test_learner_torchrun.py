@@ -30,10 +30,10 @@ from protocol.messages import ScoredRollout, Stats
 from protocol.packed import pack_f32
 from services.learner.checkpoints import CheckpointStore
 from services.learner.checkpoints import read as read_checkpoint
-from services.learner.export import WEIGHTS_FILE, unique_tensors
 from services.learner.ledger_check import LedgerReport, check
 from services.learner.service import LearnerSettings
 from services.learner.trainer import Trainer
+from services.model.weights import WEIGHTS_FILE, unique_tensors
 from services.replay.service import ReplayService, ReplaySettings
 from tests.integration.chaos import policy_updates
 from tests.integration.support import client, runtime

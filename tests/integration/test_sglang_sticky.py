@@ -89,7 +89,7 @@ ECHO = Domain(
 def caller_policy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """The tiny policy after a supervised warm-up on ECHO: it answers with a tool call
     (measured: about 40 s, final loss about 0.01; a random policy never calls a tool)."""
-    from services.learner.warmup import WarmupConfig, supervised_warmup
+    from services.model.sft import WarmupConfig, supervised_warmup
 
     policy = tmp_path_factory.mktemp("caller-policy") / "policy"
     shutil.copytree(tiny_model, policy)

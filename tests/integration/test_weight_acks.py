@@ -24,9 +24,9 @@ from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.learner.acks import AckSettings, GeneratorReport, WeightAcks
 from services.model.tiny import TinyModelSpec, init_model
+from services.model.weights import directory_digest
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings
-from services.runtime.weights import directory_digest
 from tests.integration.support import client, runtime
 
 

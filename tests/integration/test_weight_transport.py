@@ -27,10 +27,9 @@ from services.generator.settings import GeneratorSettings
 from services.generator.sglang_engine import GlooWeightSender, SGLangEngine
 from services.generator.sglang_server import SGLangServer
 from services.learner.broadcast import BroadcastSettings, Sender, WeightServer
-from services.learner.export import WEIGHTS_FILE
 from services.learner.trainer import Exported
+from services.model.weights import WEIGHTS_FILE, directory_digest
 from services.runtime import RuntimeSettings, Service
-from services.runtime.weights import directory_digest
 from tests.integration.support import client, runtime
 from tests.integration.test_sglang_engine import (
     assert_close,

@@ -1,8 +1,9 @@
 """The unit tier starts no process and no server: a test that does belongs in tests/integration.
 
-Every way this interpreter can start a process (``subprocess``, ``asyncio``'s subprocesses and
-``multiprocessing`` all end in ``fork_exec`` or ``posix_spawn``; ``os.fork`` besides) is refused during a unit test, and the test fails naming what it started, even when
-the code under test swallowed the error.
+Every way this interpreter can start a process is refused during a unit test
+(``subprocess``, ``asyncio``'s subprocesses and ``multiprocessing`` all end in
+``fork_exec`` or ``posix_spawn``; ``os.fork`` besides), and the test fails naming what it
+started, even when the code under test swallowed the error.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from services.learner.loss import (
 from services.learner.metrics import step_line
 from services.learner.reward_bounds import RewardBounds
 from services.learner.trainer import Trainer, TrainerConfig
-from services.runtime.weights import directory_digest
+from services.model.weights import directory_digest
 
 PROMPT = [1, 341, 203, 317, 309, 2, 203, 1, 347, 203]
 

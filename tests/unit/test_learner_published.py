@@ -6,7 +6,7 @@ from pathlib import Path
 
 from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.published import newest_published
-from services.runtime.weights import directory_digest
+from services.model.weights import directory_digest
 
 
 def _weights(root: Path, version: int) -> str:

@@ -11,7 +11,7 @@ import torch
 from services.cli import main
 from services.model.tiny import SPECIAL_TOKENS, ModelDirError, init_model
 from services.model.tokens import ChatTokenizer
-from services.runtime.weights import DigestMismatch, directory_digest, verify_digest
+from services.model.weights import DigestMismatch, directory_digest, verify_digest
 
 
 def test_directory_is_hugging_face_format(tiny_model: Path) -> None:

@@ -38,12 +38,11 @@ from services.learner.broadcast import (
     make_weight_server,
     read_snapshot,
 )
-from services.learner.export import WEIGHTS_FILE
 from services.learner.service import LearnerService, LearnerSettings
 from services.learner.trainer import Exported
+from services.model.weights import WEIGHTS_FILE, directory_digest
 from services.runtime.errors import RequestRejected
 from services.runtime.responder import Request
-from services.runtime.weights import directory_digest
 
 LOG = structlog.get_logger()
 

@@ -95,7 +95,7 @@ class _Probe:
         )
 
     def accuracy(self, model: Any) -> float:
-        from services.evaluation.offline import answer_is, greedy_texts
+        from services.model.greedy import answer_is, greedy_texts
 
         texts = greedy_texts(model, self.tokenizer, self.prompts, self.domain.max_tokens)
         return sum(map(answer_is, texts, self.answers)) / len(texts)
