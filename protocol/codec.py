@@ -89,6 +89,9 @@ class Codec(Generic[M]):
     def _explain(
         self, data: bytes | bytearray | memoryview, error: msgspec.ValidationError
     ) -> DecodeError:
+        malformed = _malformed(data)
+        if malformed is not None:
+            return malformed
         try:
             envelope = _envelope_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
@@ -122,6 +125,24 @@ class Codec(Generic[M]):
         except (msgspec.DecodeError, RecursionError):
             return None
         return None
+
+
+def _malformed(data: bytes | bytearray | memoryview) -> DecodeError | None:
+    """``not_msgpack`` unless ``data`` is exactly one well-formed MessagePack value.
+
+    The typed decoder stops at the first value that does not fit the message, so a
+    non-map followed by trailing bytes would otherwise be reported as ``validation``;
+    docs/protocol.md §2.2 puts ``not_msgpack`` first.  Skipped as raw bytes: strings are
+    not checked here, only the structure.  Nesting too deep to skip is left to the
+    explanation that follows (``validation``, wherever the typed decoder stopped).
+    """
+    try:
+        msgspec.msgpack.decode(data, type=msgspec.Raw)
+    except msgspec.DecodeError as error:
+        return DecodeError(f"not valid MessagePack: {error}", code=ErrorCode.NOT_MSGPACK)
+    except RecursionError:
+        return None
+    return None
 
 
 #: Struct type -> its fields that can hold a message at some depth, as

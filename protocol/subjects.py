@@ -104,6 +104,11 @@ def scored_all() -> str:
     return f"{PREFIX}.scored.>"
 
 
+def scored_in_domain(domain: str) -> str:
+    """Filter matching the scored rollouts of every task of one domain."""
+    return f"{PREFIX}.scored.{token(domain, 'domain')}.*"
+
+
 def scored_for_task(task_id: str) -> str:
     """Filter matching the scored rollouts of one task, whatever its domain."""
     return f"{PREFIX}.scored.*.{token(task_id, 'task id')}"

@@ -6,6 +6,10 @@
         receipt = await client.submit(task)
         results = await client.wait_scored(task.id, count=task.n)
 
+        # Many tasks: one consumer follows them all.
+        submission = await client.submit_all(tasks)
+        by_task = await client.wait_all(submission, timeout_s=600)
+
 The client rides through a restart of nats-server: nats-py reconnects by itself, a
 result stream is followed on from where it was, and a publish is tried again (the
 ``Nats-Msg-Id`` makes that harmless).  Once NATS has been out of reach for
@@ -20,10 +24,11 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncGenerator, Awaitable, Iterable, Sequence
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import Final, Self
 
 import nats
 import nats.errors
@@ -33,60 +38,38 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from protocol import headers, streams, subjects
+from protocol.client.control import ControlCalls
 from protocol.client.link import (
     DEFAULT_RECONNECT_S,
     HINT,
     NO_ANSWER,
     UNANSWERED,
+    ConsumerRefused,
     ErrorLog,
     Follower,
     Link,
     StackUnavailable,
-    next_msg,
     scored_missing,
 )
-from protocol.codec import Codec, check_size, encode
-from protocol.errors import DecodeError, RemoteError
-from protocol.messages import (
-    PROTOCOL_VERSION,
-    DomainControl,
-    DomainList,
-    DomainSchedules,
-    DomainsRequest,
-    ErrorReply,
-    Heartbeat,
-    Message,
-    ScoredRollout,
-    StackStatus,
-    StatusRequest,
-    Task,
-)
+from protocol.client.submission import Progress, Receipt, Submission, Tally, follow_plan
+from protocol.codec import Codec, check_size
+from protocol.errors import DecodeError
+from protocol.messages import PROTOCOL_VERSION, ScoredRollout, Task
 from protocol.servers import server_list
 
 _log = logging.getLogger(__name__)
 
 _TASK: Final[Codec[Task]] = Codec(Task)
 _SCORED: Final[Codec[ScoredRollout]] = Codec(ScoredRollout)
-_HEARTBEAT: Final[Codec[Heartbeat]] = Codec(Heartbeat)
-_STATUS_REPLY: Final[Codec[StackStatus | ErrorReply]] = Codec(StackStatus | ErrorReply)
-_DOMAINS_REPLY: Final[Codec[DomainList | ErrorReply]] = Codec(DomainList | ErrorReply)
-_SCHEDULES: Final[Codec[DomainSchedules]] = Codec(DomainSchedules)
-R = TypeVar("R", bound=Message)
 
 #: Bounds nats-py's forced flush of a large publish; unset, it can wait forever on a dead socket.
 _FLUSH_TIMEOUT_S: Final = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """What JetStream acknowledged for one submitted task (not a wire message)."""
-
-    task_id: str
-    trace_id: str
-    stream: str
-    seq: int
-    #: The stream already held this ``Nats-Msg-Id``: nothing new was stored.
-    duplicate: bool
+def task_msg_id(task: Task) -> str:
+    """A submitted task's ``Nats-Msg-Id`` (docs/protocol.md §7): a publish tried again
+    is stored once, and only a new ``attempt`` is stored (and run) again."""
+    return f"task:{task.id}:{task.attempt}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +81,22 @@ class _Outgoing:
     headers: dict[str, str]
 
 
-__all__ = ["DEFAULT_RECONNECT_S", "Receipt", "StackUnavailable", "TemperClient"]
+#: Called with each new result of a submission and how far the submission is.
+ResultCallback = Callable[[ScoredRollout, Progress], None]
+
+__all__ = [
+    "DEFAULT_RECONNECT_S",
+    "ConsumerRefused",
+    "Progress",
+    "Receipt",
+    "StackUnavailable",
+    "Submission",
+    "TemperClient",
+    "task_msg_id",
+]
 
 
-class TemperClient:
+class TemperClient(ControlCalls):
     """Submit tasks, follow their scored rollouts, and query the stack."""
 
     def __init__(self, nc: NATS, *, reconnect_s: float = DEFAULT_RECONNECT_S) -> None:
@@ -231,13 +226,34 @@ class TemperClient:
                 raise result
         return [r for r in results if isinstance(r, Receipt)]
 
+    async def submit_all(
+        self, tasks: Iterable[Task], *, concurrency: int = 64, timeout_s: float = 5.0
+    ) -> Submission:
+        """:meth:`submit_many`, noting first where the scored stream stands, so that
+        :meth:`wait_all` can follow the results of every task with one consumer.
+
+        :class:`StackUnavailable` before anything is published if the scored stream is missing.
+        """
+        batch = tuple(tasks)
+        scored_seq = await self._scored_seq()
+        started_at = time.time()
+        receipts = await self.submit_many(batch, concurrency=concurrency, timeout_s=timeout_s)
+        return Submission(batch, tuple(receipts), scored_seq, started_at)
+
+    async def _scored_seq(self) -> int:
+        try:
+            info = await self._link.persist(lambda: self._js.stream_info(streams.SCORED.name))
+        except UNANSWERED as error:
+            raise scored_missing(error) from error
+        return int(info.state.last_seq)
+
     def _prepare(self, task: Task, trace_id: str | None, msg_id: str | None) -> _Outgoing:
         subject = subjects.of_task(task)
         payload = _TASK.encode(task)
         _TASK.decode(payload)  # Enforce the schema's constraints before a service has to reject it.
         trace = headers.clean(trace_id or headers.new_trace_id())
         hdrs = {
-            headers.MSG_ID: headers.clean(msg_id or f"task:{task.id}:{task.attempt}"),
+            headers.MSG_ID: headers.clean(msg_id or task_msg_id(task)),
             headers.TRACE_ID: trace,
             headers.VERSION: str(PROTOCOL_VERSION),
         }
@@ -283,7 +299,7 @@ class TemperClient:
         client's ``reconnect_s``.  Close the iterator (``contextlib.aclosing``) when
         leaving early, so its consumer is deleted at once.
         """
-        follower = Follower(self._js, self._link, subjects.scored_for_task(task_id))
+        follower = Follower(self._js, self._link, [subjects.scored_for_task(task_id)])
         await follower.open(patient=False)
         deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         try:
@@ -311,6 +327,42 @@ class TemperClient:
             f"arrived within {timeout_s}s"
         )
 
+    async def wait_all(
+        self,
+        submission: Submission,
+        *,
+        timeout_s: float = 60.0,
+        on_result: ResultCallback | None = None,
+    ) -> dict[str, list[ScoredRollout]]:
+        """Wait until every task of ``submission`` has a scored rollout for each of its
+        samples; their results by task id, else ``TimeoutError`` saying what is missing.
+
+        One consumer follows the whole submission, however many tasks it has (see
+        :mod:`protocol.client.submission`); ``on_result`` sees each new result as it
+        arrives.  :class:`ConsumerRefused` if the scored stream allows no more consumers;
+        through a server restart it carries on as :meth:`scored` does.
+        """
+        tally = Tally(submission.tasks)
+        plan = follow_plan(submission)
+        follower = Follower(self._js, self._link, plan.filters, plan.start)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if not tally.done:
+            await follower.open(patient=False)
+        try:
+            while not tally.done and (msg := await follower.next(deadline)) is not None:
+                # Domain filters bring other tasks' results too: skip them undecoded.
+                if not tally.wants(msg.subject):
+                    continue
+                rollout = _decode_scored(msg)
+                if rollout is not None and tally.add(rollout) and on_result is not None:
+                    on_result(rollout, tally.progress)
+        finally:
+            await follower.close()
+        if not tally.done:
+            raise TimeoutError(tally.shortfall(timeout_s))
+        return tally.results()
+
     async def task_progress(self, task_id: str) -> int:
         """Scored rollout messages stored for the task (a rollout scored twice counts twice)."""
         filter_ = subjects.scored_for_task(task_id)
@@ -336,75 +388,6 @@ class TemperClient:
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-
-    # ----------------------------------------------------------------- control
-
-    async def status(self, *, timeout_s: float = 2.0) -> StackStatus:
-        """Ask the control service for the stack's status; :class:`RemoteError` if it refuses."""
-        return await self._ask(
-            subjects.status(), StatusRequest(), _STATUS_REPLY, "control service", timeout_s
-        )
-
-    async def domains(
-        self, names: Sequence[str] = (), *, examples: bool = False, timeout_s: float = 30.0
-    ) -> DomainList:
-        """Ask a validator for the served domains (all, or ``names``), with example tasks if asked.
-
-        The first answer of a validator instance counts held-out problems, hence the long default.
-        """
-        request = DomainsRequest(names=list(names), examples=examples)
-        return await self._ask(subjects.domains(), request, _DOMAINS_REPLY, "validator", timeout_s)
-
-    async def _ask(
-        self,
-        subject: str,
-        request: Message,
-        replies: Codec[R | ErrorReply],
-        who: str,
-        timeout_s: float,
-    ) -> R:
-        """One request/reply; :class:`StackUnavailable` if nobody answers, :class:`RemoteError`."""
-        try:
-            msg = await self._nc.request(subject, encode(request), timeout=timeout_s)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as error:
-            raise StackUnavailable(
-                f"no {who} answered on {subject} within {timeout_s}s; {HINT}"
-            ) from error
-        reply = replies.decode(msg.data)
-        if isinstance(reply, ErrorReply):
-            raise RemoteError(reply.code, reply.message, reply.field)
-        return reply
-
-    async def ping(self, *, timeout_s: float = 0.5) -> list[Heartbeat]:
-        """Ask every service instance for a Heartbeat; return those that answer in ``timeout_s``."""
-        return await self._gather(subjects.ping(), b"", _HEARTBEAT, timeout_s)
-
-    async def domain_control(
-        self, request: DomainControl | None = None, *, timeout_s: float = 1.0
-    ) -> list[DomainSchedules]:
-        """Send a DomainControl to every generator (none: only ask); their answers within
-        ``timeout_s``, one per instance."""
-        body = encode(request or DomainControl())
-        return await self._gather(subjects.domain_control(), body, _SCHEDULES, timeout_s)
-
-    async def _gather(
-        self, subject: str, body: bytes, codec: Codec[R], timeout_s: float
-    ) -> list[R]:
-        """Every answer to one request that arrives within ``timeout_s``."""
-        inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox)
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        answers: list[R] = []
-        try:
-            await self._nc.publish(subject, body, reply=inbox)
-            while (msg := await next_msg(sub, deadline)) is not None:
-                try:
-                    answers.append(codec.decode(msg.data))
-                except DecodeError as error:
-                    _log.warning("ignoring an undecodable reply on %s: %s", subject, error)
-        finally:
-            await sub.unsubscribe()
-        return answers
 
 
 def _decode_scored(msg: Msg) -> ScoredRollout | None:

@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Final, TypeVar
 
 import nats.errors
@@ -40,6 +42,9 @@ UNANSWERED: Final = (nats.js.errors.NotFoundError, *NO_ANSWER)
 #: A server-side ephemeral consumer left behind by a crashed client is removed after this.
 _CONSUMER_IDLE_S: Final = 30.0
 HINT: Final = "start the stack (`temper up`)"
+#: nats-server's error code for a consumer refused because the stream (or account) has as
+#: many consumers as it allows.
+MAX_CONSUMERS_CODE: Final = 10026
 #: How long NATS may stay out of reach before a waiting call gives up: a supervisor
 #: restarts a dead nats-server with back-off, which takes seconds.
 DEFAULT_RECONNECT_S: Final = 30.0
@@ -59,6 +64,26 @@ class StackUnavailable(ProtocolError):
     """The Temper stack (NATS, its streams, or its control service) is not there to answer."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class ConsumerRefused(StackUnavailable):
+    """The scored stream refused the consumer that would follow results; ``limit`` when
+    it already has as many consumers as the server allows."""
+
+    def __init__(self, message: str, *, err_code: int | None, limit: bool) -> None:
+        super().__init__(message)
+        self.err_code = err_code
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where a consumer of the scored stream begins: by default its first message."""
+
+    #: The first stream sequence to deliver; 0: the stream's first.
+    seq: int = 0
+    #: Or the first message stored at or after this time (the server's clock).
+    time: datetime | None = None
 
 
 async def next_msg(sub: Subscription, deadline: float | None) -> Msg | None:
@@ -184,38 +209,59 @@ class Follower:
     The server keeps an ordered consumer in memory only: a restarted server has lost it,
     and its subscription would wait for ever.  After each reconnect the consumer is made
     again, from the stream sequence after the last message handed out, so nothing is
-    skipped and nothing repeated.
+    skipped and nothing repeated.  One consumer serves any number of ``filters``.
     """
 
-    def __init__(self, js: JetStreamContext, link: Link, filter_subject: str) -> None:
+    def __init__(
+        self, js: JetStreamContext, link: Link, filters: Sequence[str], start: Start = Start()
+    ) -> None:
+        if not filters:
+            raise ValueError("a follower needs at least one filter subject")
         self._js = js
         self._link = link
-        self._filter = filter_subject
+        self._filters = tuple(filters)
+        self._start = start
         self._sub: JetStreamContext.PushSubscription | None = None
-        #: Stream sequence to start from; 0 for the whole stream.
+        #: Stream sequence to go on from after a reconnect; 0 until a message was handed out.
         self._next_seq = 0
         self._reconnects = 0
 
     async def open(self, *, patient: bool) -> None:
         """Subscribe from where it was; :class:`StackUnavailable` if the stream is missing
-        (after trying for the bound, when ``patient``) or NATS stays out of reach."""
+        (after trying for the bound, when ``patient``) or NATS stays out of reach, and
+        :class:`ConsumerRefused` if the stream refuses the consumer."""
         try:
             self._sub = await self._link.persist(self._subscribe, patient=patient)
         except UNANSWERED as error:
             raise scored_missing(error) from error
+        except nats.js.errors.BadRequestError as error:
+            raise consumer_refused(error) from error
 
     async def _subscribe(self) -> JetStreamContext.PushSubscription:
         # A reconnect from here on may take the consumer about to be made with it.
         self._reconnects = self._link.reconnects
-        resume = self._next_seq > 0
+        policy, config = self._position()
+        many = len(self._filters) > 1
+        config.filter_subjects = list(self._filters) if many else None
         return await self._js.subscribe(
-            self._filter,
+            "" if many else self._filters[0],
             stream=streams.SCORED.name,
-            config=api.ConsumerConfig(opt_start_seq=self._next_seq if resume else None),
+            config=config,
             ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if resume else api.DeliverPolicy.ALL,
+            deliver_policy=policy,
             inactive_threshold=_CONSUMER_IDLE_S,
         )
+
+    def _position(self) -> tuple[api.DeliverPolicy, api.ConsumerConfig]:
+        """Where the consumer (made again) starts: after the last message handed out, else
+        at the follower's start."""
+        seq = self._next_seq or self._start.seq
+        if seq > 0:
+            return api.DeliverPolicy.BY_START_SEQUENCE, api.ConsumerConfig(opt_start_seq=seq)
+        if self._start.time is not None:
+            config = api.ConsumerConfig(opt_start_time=self._start.time)
+            return api.DeliverPolicy.BY_START_TIME, config
+        return api.DeliverPolicy.ALL, api.ConsumerConfig()
 
     async def next(self, deadline: float | None) -> Msg | None:
         """The next message, or ``None`` once ``deadline`` (loop time) has passed."""
@@ -247,6 +293,26 @@ class Follower:
 
 def scored_missing(error: Exception) -> StackUnavailable:
     return StackUnavailable(f"stream {streams.SCORED.name} is missing ({error}); {HINT}")
+
+
+def consumer_refused(error: nats.js.errors.BadRequestError) -> ConsumerRefused:
+    """The server's refusal of a consumer, explained: which limit, and what to do."""
+    said = f"{error.description or 'refused'} (NATS error {error.err_code})"
+    name = streams.SCORED.name
+    if error.err_code == MAX_CONSUMERS_CODE:
+        return ConsumerRefused(
+            f"{name} has as many consumers as the NATS server allows ({said}): other "
+            "clients are following results on it.  A wait needs one consumer: try again once "
+            f"some have finished, or raise the limit ({name}'s max_consumers; a stream that "
+            "sets none gets the server's default, 1,000 on nats-server 2.15)",
+            err_code=error.err_code,
+            limit=True,
+        )
+    return ConsumerRefused(
+        f"{name} refused a consumer to follow results: {said}",
+        err_code=error.err_code,
+        limit=False,
+    )
 
 
 class ErrorLog:

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TextIO, TypeVar
 
@@ -21,13 +21,21 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from protocol import headers as h
-from protocol.client import DEFAULT_RECONNECT_S, StackUnavailable, TemperClient
+from protocol.client import (
+    DEFAULT_RECONNECT_S,
+    Receipt,
+    StackUnavailable,
+    Submission,
+    TemperClient,
+)
+from protocol.client.submission import Tally
 from protocol.codec import ANY, field_path
 from protocol.errors import DecodeError, ProtocolError
 from protocol.messages import Task
 from protocol.packed import pack_i32
 from protocol.render import to_view
 from services.cli.common import CliError, connect, emit_json, run, stop_event, until
+from services.cli.submit_view import WaitView
 
 T = TypeVar("T")
 #: A token id of the ``prompt_tokens`` shorthand: what fits the packed ``<i4`` layout.
@@ -154,35 +162,36 @@ async def _submit(
     client = await _client(url, "temper-submit", reconnect_s)
     async with client:
         try:
-            receipts = await client.submit_many(tasks)
+            if not wait:
+                _print_receipts(await client.submit_many(tasks))
+                return 0
+            submission = await client.submit_all(tasks)
+            _print_receipts(submission.receipts)
+            await _wait_all(client, submission, timeout_s)
         except ProtocolError as error:
             raise CliError(str(error)) from None
-        for receipt in receipts:
-            note = " (duplicate: already submitted)" if receipt.duplicate else ""
-            print(
-                f"submitted {receipt.task_id} -> {receipt.stream} #{receipt.seq} "
-                f"trace {receipt.trace_id}{note}",
-                flush=True,  # receipts show at once, not when --wait ends
-            )
-        if wait:
-            await _wait_all(client, tasks, timeout_s)
     return 0
 
 
-async def _wait_all(client: TemperClient, tasks: list[Task], timeout_s: float) -> None:
-    async def one(task: Task) -> None:
-        for scored in await client.wait_scored(task.id, task.n, timeout_s=timeout_s):
-            print(
-                f"scored {scored.id} reward={scored.reward:.4f} status={scored.status.value}",
-                flush=True,
-            )
+def _print_receipts(receipts: Iterable[Receipt]) -> None:
+    for receipt in receipts:
+        note = " (duplicate: already submitted)" if receipt.duplicate else ""
+        print(
+            f"submitted {receipt.task_id} -> {receipt.stream} #{receipt.seq} "
+            f"trace {receipt.trace_id}{note}",
+            flush=True,  # receipts show at once, not when --wait ends
+        )
 
+
+async def _wait_all(client: TemperClient, submission: Submission, timeout_s: float) -> None:
+    """Every result as it arrives, through one consumer however many tasks there are."""
+    view = WaitView(Tally(submission.tasks).progress)
     try:
-        await asyncio.gather(*(one(task) for task in tasks))
+        await client.wait_all(submission, timeout_s=timeout_s, on_result=view.result)
     except TimeoutError as error:
         raise CliError(str(error) or f"timed out after {timeout_s}s") from None
-    except ProtocolError as error:
-        raise CliError(str(error)) from None
+    finally:
+        view.close()
 
 
 # ---------------------------------------------------------------- tail

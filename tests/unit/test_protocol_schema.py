@@ -11,7 +11,7 @@ import pytest
 
 from protocol import MESSAGE_TYPES, messages
 from protocol.messages import ErrorEvent, SandboxExec
-from protocol.schema import PACKED, PACKED_KEYWORD, schema, schema_text
+from protocol.schema import PACKED, PACKED_KEYWORD, schema
 from tests.golden import make_schema
 
 SCHEMA = json.loads(make_schema.SCHEMA.read_text(encoding="utf-8"))
@@ -24,7 +24,7 @@ def structs() -> list[type[msgspec.Struct]]:
 
 
 def test_the_committed_schema_is_what_the_code_generates() -> None:
-    assert make_schema.SCHEMA.read_text(encoding="utf-8") == schema_text(), (
+    assert make_schema.SCHEMA.read_text(encoding="utf-8") == make_schema.schema_text(), (
         "run python tests/golden/make_schema.py"
     )
 
@@ -35,7 +35,8 @@ def test_every_message_type_is_in_the_union_by_its_tag() -> None:
     assert mapping == {tag: f"#/$defs/{cls.__name__}" for tag, cls in MESSAGE_TYPES.items()}
     for tag, cls in MESSAGE_TYPES.items():
         definition = SCHEMA["$defs"][cls.__name__]
-        assert definition["properties"]["type"] == {"enum": [tag]}
+        assert definition["properties"]["type"]["enum"] == [tag]
+        assert definition["properties"]["type"]["default"] == tag
         assert definition["properties"]["v"]["const"] == 1
 
 
@@ -75,7 +76,7 @@ def test_check_mode_reports_a_stale_file_and_writes_nothing(tmp_path: Path) -> N
     assert make_schema.main(["--check"], path) == 1
     assert path.read_text() == "{}\n"
     assert make_schema.main([], path) == 0
-    assert path.read_text() == schema_text()
+    assert path.read_text() == make_schema.schema_text()
     assert make_schema.main(["--check"], path) == 0
 
 
