@@ -42,11 +42,9 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -72,6 +70,7 @@ from services.domains.api import Domain, Example, Split
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import parse_tool_call
+from services.model.cache import MODEL_ROOT, cached_model, recipe_key
 from services.model.sft import WarmupConfig
 from services.model.tiny import TinyModelSpec
 from services.runtime import logs
@@ -140,34 +139,23 @@ def depth_for(max_turns: int) -> int:
     return max(FIRST_DEPTH, max_turns - 1)
 
 
-def cache_root() -> Path:
-    root = Path(os.environ.get("TEMPER_CACHE") or "/var/cache/temper")
-    return root if os.access(root, os.W_OK) else Path(tempfile.gettempdir())
-
-
 def warmed_policy(depth: int = FIRST_DEPTH) -> Path:
-    """The tool-calling tiny policy, built once per recipe: about a minute on 2 cores at
-    the first depth, several at depth 23 (longer conversations)."""
+    """The tool-calling tiny policy, built once per recipe (in the model cache): about a
+    minute on 2 cores at the first depth, several at depth 23 (longer conversations)."""
     parts: list[object] = [RECIPE, repr(TinyModelSpec()), repr(WARMUP)]
     if depth != FIRST_DEPTH:
         parts.append(depth)
-    recipe = json.dumps(parts).encode()
-    path = cache_root() / f"bench-scheduling-policy-{hashlib.sha256(recipe).hexdigest()[:16]}"
-    if (path / "config.json").exists():
-        return path
-    from services.model.sft import supervised_warmup
-    from services.model.tiny import init_model
+    sources = list((MODEL_ROOT / "model").glob("*.py"))
 
-    print(f"warming the tool-calling policy into {path} (once) ...", flush=True)
-    building = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
-    try:
-        init_model(building / "policy", force=True)
-        supervised_warmup(building / "policy", tool_domain(depth), WARMUP)
-        # A rename is atomic: a run killed half-way leaves no half-built policy behind.
-        (building / "policy").rename(path)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return path
+    def build(path: Path) -> None:
+        from services.model.sft import supervised_warmup
+        from services.model.tiny import init_model
+
+        print(f"warming the tool-calling policy (depth {depth}, once) ...", flush=True)
+        init_model(path, force=True)
+        supervised_warmup(path, tool_domain(depth), WARMUP)
+
+    return cached_model("bench-scheduling-policy", recipe_key(parts, sources), build)
 
 
 # ---------------------------------------------------------------- tasks

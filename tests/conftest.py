@@ -6,6 +6,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from tests.sglang_fixtures import (  # noqa: F401  (fixtures, used by name)
     sglang_server,
     sglang_server_factory,
 )
+
+if TYPE_CHECKING:
+    from services.model.sft import WarmupConfig
 
 TESTS = Path(__file__).resolve().parent
 #: Each test folder's tier: ``unit`` starts no process and no server (tests/unit/conftest.py
@@ -83,25 +87,49 @@ def sandbox_image() -> str:
     return tag
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen2 policy of ``temper model init`` (HF format, float32), built once."""
-    from services.model.tiny import init_model
-
-    return init_model(tmp_path_factory.mktemp("tiny-model") / "policy")
-
-
-@pytest.fixture(scope="session")
-def tool_policy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
-    """The tiny policy after a short supervised warm-up on tool_use's reference answers:
-    it then writes ``<tool_call>`` blocks (a random one would never call a tool)."""
+def _cached_policy(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    warmup: str = "",
+    config: WarmupConfig | None = None,
+) -> Path:
+    """A copy of the policy ``temper model init`` builds, warmed up on the ``warmup`` domain
+    with ``config`` if one is named; built once per recipe and kept in the model cache
+    (services/model/cache.py), so a session copies it instead of spending minutes."""
     import shutil
 
     from services.domains import load_registry
+    from services.model.cache import MODEL_ROOT, cached_model, recipe_key
     from services.model.sft import WarmupConfig, supervised_warmup
+    from services.model.tiny import init_model
 
-    policy = tmp_path_factory.mktemp("tool-policy") / "policy"
-    shutil.copytree(tiny_model, policy)
-    domain = load_registry(None).get("tool_use")
-    supervised_warmup(policy, domain, WarmupConfig(steps=80, lr=3e-3, examples=512))
+    sources = list((MODEL_ROOT / "model").glob("*.py"))
+    if warmup:
+        sources.append(MODEL_ROOT / "domains" / f"{warmup}.py")
+
+    def build(path: Path) -> None:
+        init_model(path, force=True)
+        if warmup:
+            supervised_warmup(path, load_registry(None).get(warmup), config or WarmupConfig())
+
+    recipe = [warmup, repr(config)] if warmup else []
+    cached = cached_model(name, recipe_key(recipe, sources), build)
+    policy = tmp_path_factory.mktemp(name) / "policy"
+    shutil.copytree(cached, policy)
     return policy
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 policy of ``temper model init`` (HF format, float32)."""
+    return _cached_policy(tmp_path_factory, "test-tiny-policy")
+
+
+@pytest.fixture(scope="session")
+def tool_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny policy after a short supervised warm-up on tool_use's reference answers:
+    it then writes ``<tool_call>`` blocks (a random one would never call a tool)."""
+    from services.model.sft import WarmupConfig
+
+    warmup = WarmupConfig(steps=80, lr=3e-3, examples=512)
+    return _cached_policy(tmp_path_factory, "test-tool-policy", "tool_use", warmup)

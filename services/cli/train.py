@@ -17,7 +17,7 @@ import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -34,6 +34,10 @@ from services.evaluation.runner import HeldoutRunner
 from services.evaluation.suite import tier_scalars
 from services.runtime.natsserver import NatsServerError
 from services.supervisor import StackSettings, Supervisor
+
+if TYPE_CHECKING:
+    from services.domains import Domain
+    from services.model.sft import WarmupConfig
 
 SERVICES = ("control", "generator", "validator", "replay", "learner")
 _GIVE_UP_S = 300.0
@@ -150,10 +154,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def prepare_policy(plan: TrainPlan) -> Path:
-    """The tiny policy, warmed up once; a later run continues from the learner's checkpoint."""
+    """The tiny policy, warmed up once; a later run continues from the learner's checkpoint.
+
+    The warmed start is deterministic, so it is built once per recipe (model code, domain
+    code, warm-up settings) in the model cache (``$TEMPER_CACHE``) and copied from there.
+    """
+    import shutil
+
     from services.domains import UnknownDomain, load_registry
-    from services.model.sft import WarmupConfig, supervised_warmup
-    from services.model.tiny import init_model
+    from services.model.cache import MODEL_ROOT, cached_model, recipe_key
+    from services.model.sft import WarmupConfig
 
     try:
         domain = load_registry(None).get(plan.domain)
@@ -162,30 +172,45 @@ def prepare_policy(plan: TrainPlan) -> Path:
     model = plan.run_dir / "model"
     if (model / "config.json").is_file():
         return model
+    config = WarmupConfig(
+        steps=plan.warmup_steps,
+        lr=1e-3,
+        examples=4096,
+        target_accuracy=plan.warmup_target,
+        check_every=10,
+    )
+    sources = [*(MODEL_ROOT / "model").glob("*.py"), *(MODEL_ROOT / "domains").rglob("*.py")]
+    key = recipe_key([plan.domain, repr(config)], sources)
+    start = cached_model(
+        "train-start-policy", key, lambda path: _warm_up(plan, domain, config, path)
+    )
+    say(f"start policy: {start} (built once per recipe, copied into {model})")
+    model.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(start, model, dirs_exist_ok=True)
+    return model
+
+
+def _warm_up(plan: TrainPlan, domain: Domain, config: WarmupConfig, model: Path) -> None:
+    from services.model.sft import supervised_warmup
+    from services.model.tiny import init_model
+
     say(f"building the tiny policy in {model}")
     init_model(model, force=True)
-    if plan.warmup_steps:
-        until = (
-            f"up to {plan.warmup_steps} steps, until greedy accuracy on train problems "
-            f"reaches {plan.warmup_target:.0%}"
-            if plan.warmup_target
-            else f"{plan.warmup_steps} steps (no accuracy target)"
-        )
-        say(f"supervised warm-up on {plan.domain}'s train split: {until}")
-        config = WarmupConfig(
-            steps=plan.warmup_steps,
-            lr=1e-3,
-            examples=4096,
-            target_accuracy=plan.warmup_target,
-            check_every=10,
-        )
-        result = supervised_warmup(model, domain, config)
-        accuracy = "" if result.train_accuracy is None else f", train {result.train_accuracy:.0%}"
-        say(
-            f"warm-up done after {result.steps} steps (loss {result.loss:.3f}{accuracy}); "
-            "reinforcement learning from here"
-        )
-    return model
+    if not plan.warmup_steps:
+        return
+    until = (
+        f"up to {plan.warmup_steps} steps, until greedy accuracy on train problems "
+        f"reaches {plan.warmup_target:.0%}"
+        if plan.warmup_target
+        else f"{plan.warmup_steps} steps (no accuracy target)"
+    )
+    say(f"supervised warm-up on {plan.domain}'s train split: {until}")
+    result = supervised_warmup(model, domain, config)
+    accuracy = "" if result.train_accuracy is None else f", train {result.train_accuracy:.0%}"
+    say(
+        f"warm-up done after {result.steps} steps (loss {result.loss:.3f}{accuracy}); "
+        "reinforcement learning from here"
+    )
 
 
 async def _train(plan: TrainPlan, model: Path) -> int:
