@@ -8,13 +8,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import nats.errors
-
-from protocol import subjects
-from protocol.codec import Codec, encode
-from protocol.errors import DecodeError
-from protocol.messages import ErrorReply, SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
+from protocol.messages import SandboxExec, SandboxLimits, SandboxResult, SandboxStatus
 from services.cli.common import CliError, connect, emit_json, run
+from services.runtime.ask import AskTimeout, BadReply, NoResponder, Refused
+from services.sandbox.client import SandboxClient
 
 _BY_SUFFIX = {
     ".py": "python",
@@ -27,7 +24,6 @@ _BY_SUFFIX = {
     ".js": "js",
     ".scad": "openscad",
 }
-_REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorReply)
 
 
 def register(commands: Any) -> None:
@@ -89,17 +85,16 @@ async def _exec(url: str, request: SandboxExec, as_json: bool, fetch_dir: Path) 
     nc = await connect(url, "temper-sandbox")
     wait = (request.limits.timeout_s or 120.0) + 30.0
     try:
-        reply = await nc.request(subjects.sandbox_exec(), encode(request), timeout=wait)
-        result = _REPLY.decode(reply.data)
-    except nats.errors.NoRespondersError:
+        result = await SandboxClient(nc).exec(request, wait)
+    except NoResponder:
         raise CliError("no sandbox service is running (temper up starts one)") from None
-    except (TimeoutError, DecodeError) as error:
+    except (AskTimeout, BadReply) as error:
         raise CliError(f"no usable answer from the sandbox service: {error}") from None
+    except Refused as error:
+        field = f" (at {error.field})" if error.field else ""
+        raise CliError(f"refused: {error.message}{field}", 2) from None
     finally:
         await nc.close()
-    if isinstance(result, ErrorReply):
-        field = f" (at {result.field})" if result.field else ""
-        raise CliError(f"refused: {result.message}{field}", 2)
     _save_outputs(result, request.outputs, fetch_dir)
     return _show(result, as_json)
 

@@ -10,18 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nats.errors
+from nats.aio.client import Client as NATS
 
 from protocol import subjects
 from protocol.client import StackUnavailable, TemperClient
-from protocol.codec import Codec
-from protocol.errors import DecodeError
 from protocol.messages import Heartbeat, StackStatus
 from services import registry
 from services.cli import preflight
 from services.cli.common import CliError, connect, emit_json, run, stop_event
 from services.cli.status_view import print_status
 from services.runtime import logs
+from services.runtime.ask import AskTimeout, BadReply, NoResponder, Refused, ask
 from services.runtime.natsserver import NatsServerError
 from services.runtime.service import Service
 from services.runtime.settings import SettingsError, from_env
@@ -346,9 +345,8 @@ async def _check(url: str, service: str, timeout_s: float) -> int:
     return 0 if beat.healthy else 1
 
 
-async def _health(nc: Any, service: str, timeout_s: float) -> Heartbeat | None:
+async def _health(nc: NATS, service: str, timeout_s: float) -> Heartbeat | None:
     try:
-        reply = await nc.request(subjects.health(service), b"", timeout=timeout_s)
-        return Codec(Heartbeat).decode(reply.data)
-    except (TimeoutError, nats.errors.NoRespondersError, DecodeError):
+        return await ask(nc, subjects.health(service), None, Heartbeat, timeout_s)
+    except (NoResponder, AskTimeout, BadReply, Refused):  # a broken connection goes up
         return None

@@ -8,6 +8,7 @@ a tool that cannot run because the machinery failed is an infrastructure failure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -16,24 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import nats.errors
-import structlog
 from nats.aio.client import Client as NATS
 
-from protocol import headers, subjects
-from protocol.codec import Codec, encode
-from protocol.errors import DecodeError, ErrorCode
-from protocol.messages import (
-    ErrorReply,
-    SandboxClose,
-    SandboxExec,
-    SandboxOpen,
-    SandboxResult,
-    SandboxSession,
-    SandboxSnapshot,
-    SandboxSnapshotRequest,
-    SandboxStatus,
-)
+from protocol.messages import SandboxExec, SandboxOpen, SandboxSession, SandboxStatus
+from services.runtime.ask import AskError, BadReply, Refused, current_trace_id
+from services.sandbox.client import SandboxClient, WorkspaceRefused
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 #: Tool name -> sandbox language.
@@ -145,11 +133,6 @@ class _LocalSession:
         return None
 
 
-_SESSION_REPLY: Codec[SandboxSession | ErrorReply] = Codec(SandboxSession | ErrorReply)
-_EXEC_REPLY: Codec[SandboxResult | ErrorReply] = Codec(SandboxResult | ErrorReply)
-_SNAPSHOT_REPLY: Codec[SandboxSnapshot | ErrorReply] = Codec(SandboxSnapshot | ErrorReply)
-
-
 class SandboxTools:
     """``python`` and ``bash`` tools run in a sandbox session of the sandbox service."""
 
@@ -173,9 +156,10 @@ class SandboxTools:
         snapshot: str | None = None,
     ) -> ToolSession:
         start = _Start(files=dict(files or {}), snapshot=snapshot, on_open=self._on_open)
-        return _SandboxSession(
-            self._nc, trajectory_id, allowed, self._timeout_s, _trace_headers(), start
-        )
+        # The runtime binds the task's trace id while its handler runs, and the session is
+        # opened there: read it once, so calls made from any task of the loop carry it.
+        client = SandboxClient(self._nc, self._timeout_s, trace_id=current_trace_id())
+        return _SandboxSession(client, trajectory_id, allowed, start)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,33 +177,18 @@ class _SandboxSession:
 
     def __init__(
         self,
-        nc: NATS,
+        client: SandboxClient,
         trajectory_id: str,
         allowed: tuple[str, ...],
-        timeout_s: float,
-        trace: dict[str, str],
         start: _Start,
     ):
-        self._nc = nc
+        #: Every request of the session carries the trace id of the task it works for.
+        self._client = client
         self._trajectory = trajectory_id
         self._id = re.sub(r"[^A-Za-z0-9_-]", "-", trajectory_id)
         self._allowed = allowed
-        self._timeout_s = timeout_s
-        #: Every request of the session carries the trace id of the task it works for.
-        self._trace = trace
         self._session: SandboxSession | None = None
         self._start = start
-
-    async def _request(self, subject: str, payload: bytes) -> bytes:
-        try:
-            reply = await self._nc.request(
-                subject, payload, timeout=self._timeout_s, headers=self._trace or None
-            )
-        except (nats.errors.Error, TimeoutError) as error:
-            raise ToolInfraError(
-                f"sandbox service did not answer on {subject}: {error!r}"
-            ) from error
-        return bytes(reply.data)
 
     async def _open(self) -> SandboxSession:
         if self._session is None:
@@ -230,8 +199,10 @@ class _SandboxSession:
                 files={} if start.snapshot else start.files,
                 snapshot=start.snapshot,
             )
-            data = await self._request(subjects.sandbox_session(), encode(request))
-            self._session = _decoded_session(data)
+            try:
+                self._session = await self._client.open(request)
+            except AskError as error:
+                raise _infra(error, "sandbox session refused") from error
             if start.on_open is not None:
                 start.on_open(self._trajectory)
         return self._session
@@ -252,7 +223,12 @@ class _SandboxSession:
         exec_ = SandboxExec(
             id=uuid.uuid4().hex, session=session.session, language=language, code=code
         )
-        result = _decoded_result(await self._request(session.subject, encode(exec_)))
+        try:
+            result = await self._client.run(session, exec_)
+        except AskError as error:
+            raise _infra(error, "sandbox refused the call") from error
+        if result.status is SandboxStatus.INFRA_ERROR:
+            raise ToolInfraError(f"sandbox failed: {result.error or 'infra_error'}")
         output = result.stdout + (f"\n{result.stderr}" if result.stderr else "")
         return ToolOutcome(
             output=output, status=result.status.value, duration_s=time.monotonic() - started
@@ -261,68 +237,26 @@ class _SandboxSession:
     async def snapshot(self) -> str | None:
         if self._session is None:
             return self._start.snapshot  # not opened again since: that state still holds
-        request = SandboxSnapshotRequest(session=self._session.session)
-        data = await self._request(self._session.subject, encode(request))
-        refused = _refused(data)
-        if refused is not None:
-            raise WorkspaceUnsaved(refused)
-        reply = _decoded(_SNAPSHOT_REPLY, data, "sandbox refused the snapshot")
-        assert isinstance(reply, SandboxSnapshot)
-        return reply.snapshot
+        try:
+            saved = await self._client.snapshot(self._session)
+        except WorkspaceRefused as error:
+            raise WorkspaceUnsaved(error.message) from error
+        except AskError as error:
+            raise _infra(error, "sandbox refused the snapshot") from error
+        return saved.snapshot
 
     async def close(self) -> None:
         if self._session is not None:
             session, self._session = self._session, None
             # Best effort: an unclosed session is reclaimed by its lease anyway.
-            try:
-                await self._nc.request(
-                    session.subject,
-                    encode(SandboxClose(session=session.session)),
-                    timeout=5,
-                    headers=self._trace or None,
-                )
-            except (nats.errors.Error, TimeoutError):
-                return
+            with contextlib.suppress(AskError):
+                await self._client.close(session)
 
 
-def _trace_headers() -> dict[str, str]:
-    # The runtime binds the task's trace id while its handler runs, and the session is
-    # opened there: read it once, so calls made from any task of the loop carry it.
-    trace_id = structlog.contextvars.get_contextvars().get("trace_id")
-    return {headers.TRACE_ID: headers.clean(str(trace_id))} if trace_id else {}
-
-
-def _decoded_session(data: bytes) -> SandboxSession:
-    reply = _decoded(_SESSION_REPLY, data, "sandbox session refused")
-    assert isinstance(reply, SandboxSession)
-    return reply
-
-
-def _decoded_result(data: bytes) -> SandboxResult:
-    reply = _decoded(_EXEC_REPLY, data, "sandbox refused the call")
-    assert isinstance(reply, SandboxResult)
-    if reply.status is SandboxStatus.INFRA_ERROR:
-        raise ToolInfraError(f"sandbox failed: {reply.error or 'infra_error'}")
-    return reply
-
-
-def _refused(data: bytes) -> str | None:
-    """A ``bad_request`` reply's message: the request was sound, the workspace was not."""
-    try:
-        reply = _SNAPSHOT_REPLY.decode(data)
-    except DecodeError:
-        return None
-    if isinstance(reply, ErrorReply) and reply.code is ErrorCode.BAD_REQUEST:
-        return reply.message
-    return None
-
-
-def _decoded(codec: Codec[Any], data: bytes, refused: str) -> object:
-    """The reply, or :class:`ToolInfraError` for an error reply or bytes that do not decode."""
-    try:
-        reply = codec.decode(data)
-    except DecodeError as error:
-        raise ToolInfraError(f"bad reply from the sandbox service: {error}") from error
-    if isinstance(reply, ErrorReply):
-        raise ToolInfraError(f"{refused}: {reply.code}: {reply.message}")
-    return reply
+def _infra(error: AskError, refused: str) -> ToolInfraError:
+    """Every way the sandbox service can fail to answer, as the infra failure it is."""
+    if isinstance(error, Refused):
+        return ToolInfraError(f"{refused}: {error.code}: {error.message}")
+    if isinstance(error, BadReply):
+        return ToolInfraError(f"bad reply from the sandbox service: {error.reason}")
+    return ToolInfraError(f"sandbox service did not answer on {error.subject}: {error!r}")

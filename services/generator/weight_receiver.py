@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
 from protocol import subjects
-from protocol.codec import Codec, encode
-from protocol.errors import DecodeError
 from protocol.messages import (
-    ErrorReply,
     Message,
     PolicyUpdate,
     WeightGroup,
@@ -33,10 +29,9 @@ from protocol.messages import (
 )
 from services.generator.engine import EngineError
 from services.generator.sglang_engine import TensorSpec
+from services.runtime.ask import AskError, BadReply, Refused, ask
 
-_REPLIES: Codec[WeightGroup | WeightSending | ErrorReply] = Codec(
-    WeightGroup | WeightSending | ErrorReply
-)
+R = TypeVar("R", WeightGroup, WeightSending)
 _SUBJECT_PREFIX = subjects.policy_weights("learner").removesuffix("learner")
 
 
@@ -139,8 +134,9 @@ class WeightReceiver:
     async def _ask_version(self, update: PolicyUpdate) -> WeightSending:
         assert self._group is not None
         group = self._group.group
-        sending = await self._ask(update.uri, WeightSend(group=group, version=update.version))
-        if not isinstance(sending, WeightSending) or sending.group != group:
+        request = WeightSend(group=group, version=update.version)
+        sending = await self._ask(update.uri, request, WeightSending)
+        if sending.group != group:
             raise WeightTransferError(f"the learner answered {sending!r} to WeightSend")
         if sending.version == update.version and sending.digest != update.digest:
             raise WeightTransferError(
@@ -150,9 +146,7 @@ class WeightReceiver:
 
     async def _open(self, learner: str) -> WeightGroup:
         request = WeightGroupOpen(instance=self._instance, servers=len(self._engine.urls))
-        offer = await self._ask(learner, request)
-        if not isinstance(offer, WeightGroup):
-            raise WeightTransferError(f"the learner answered {offer!r} to WeightGroupOpen")
+        offer = await self._ask(learner, request, WeightGroup)
         self._learner = learner
         try:
             await self._engine.init_weights_update_group(
@@ -168,20 +162,18 @@ class WeightReceiver:
         self._log.info("weight_group_joined", group=offer.group, learner=learner)
         return offer
 
-    async def _ask(self, subject: str, request: Message) -> WeightGroup | WeightSending:
+    async def _ask(self, subject: str, request: Message, reply_type: type[R]) -> R:
         try:
-            reply = await self._nc.request(subject, encode(request), timeout=self._timeout_s)
-            answer = _REPLIES.decode(reply.data)
-        except (nats.errors.Error, TimeoutError) as error:
+            return await ask(self._nc, subject, request, reply_type, self._timeout_s)
+        except Refused as error:
+            kind = GroupGone if error.field == "$.group" else WeightTransferError
+            raise kind(f"the learner refused: {error.code}: {error.message}") from None
+        except BadReply as error:
+            raise WeightTransferError(f"the learner's answer is unusable: {error.reason}") from None
+        except AskError as error:
             raise WeightTransferError(
                 f"the learner at {subject} did not answer: {error!r}"
             ) from None
-        except DecodeError as error:
-            raise WeightTransferError(f"the learner's answer does not decode: {error}") from None
-        if isinstance(answer, ErrorReply):
-            kind = GroupGone if answer.field == "$.group" else WeightTransferError
-            raise kind(f"the learner refused: {answer.code}: {answer.message}")
-        return answer
 
     def _abandon(self) -> None:
         if self._group is not None:

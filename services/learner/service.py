@@ -31,13 +31,10 @@ from typing import TYPE_CHECKING, Any
 import nats.errors
 
 from protocol import subjects
-from protocol.codec import Codec, encode
-from protocol.errors import DecodeError
 from protocol.messages import (
     Batch,
     BatchCommit,
     CommitReply,
-    ErrorReply,
     LeaseRelease,
     PolicyUpdate,
     SampleRequest,
@@ -54,6 +51,8 @@ from services.learner.metrics import Scalars, step_line
 from services.learner.published import Published, newest_published
 from services.learner.reward_bounds import UNKNOWN_DOMAIN, RewardBounds
 from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
+from services.replay.client import ReplayClient
+from services.runtime.ask import AskError, AskTimeout, BadReply, Refused
 from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
 from services.runtime.settings import RuntimeSettings, SettingsError
@@ -65,9 +64,6 @@ if TYPE_CHECKING:
 #: How long an announcement is tried again while the policy stream does not answer
 #: (several leader elections of a NATS cluster) before the learner gives up.
 ANNOUNCE_PATIENCE_S = 60.0
-
-_BATCH_REPLY: Codec[Batch | ErrorReply] = Codec(Batch | ErrorReply)
-_COMMIT_REPLY: Codec[CommitReply | ErrorReply] = Codec(CommitReply | ErrorReply)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -464,23 +460,19 @@ class LearnerService(Service):
         )
         timeout = self.settings.sample_wait_s + 10.0
         try:
-            reply = await self.bus.nc.request(
-                subjects.replay_sample(), encode(request), timeout=timeout
-            )
-            answer = _BATCH_REPLY.decode(reply.data)
-        except (nats.errors.Error, TimeoutError, DecodeError) as error:
+            return await ReplayClient(self.bus).sample(request, timeout)
+        except Refused as error:
+            self.failures += 1
+            self.log.warning("batch_refused", code=error.code, reason=error.message)
+            return None
+        except AskError as error:
             self.failures += 1
             self.log.warning("no_batch", error=repr(error))
-            if self.settings.lease and isinstance(error, TimeoutError | DecodeError):
+            if self.settings.lease and isinstance(error, AskTimeout | BadReply):
                 # The buffer may have leased a batch whose reply never arrived: put it back.
                 # Leases of rollouts trained here come back too, and are only committed.
                 await self._release_leases()
             return None
-        if isinstance(answer, ErrorReply):
-            self.failures += 1
-            self.log.warning("batch_refused", code=answer.code, reason=answer.message)
-            return None
-        return answer
 
     async def _publish(self, step: int, stages: Stages) -> bool:
         """Export and announce a new version when one is due; True if one was."""
@@ -570,17 +562,14 @@ class LearnerService(Service):
             self.log.info("commit_unknown", rollouts=reply.unknown, committed=reply.committed)
 
     async def _commit_request(self, request: BatchCommit | LeaseRelease) -> CommitReply | None:
-        timeout = self.settings.commit_timeout_s
         try:
-            reply = await self.bus.nc.request(subjects.replay_commit(), encode(request), timeout)
-            answer = _COMMIT_REPLY.decode(reply.data)
-        except (nats.errors.Error, TimeoutError, DecodeError) as error:
+            return await ReplayClient(self.bus).commit(request, self.settings.commit_timeout_s)
+        except Refused as error:
+            self.log.warning("commit_refused", code=error.code, reason=error.message)
+            return None
+        except AskError as error:
             self.log.warning("commit_failed", kind=type(request).__name__, error=repr(error))
             return None
-        if isinstance(answer, ErrorReply):
-            self.log.warning("commit_refused", code=answer.code, reason=answer.message)
-            return None
-        return answer
 
     async def _report_progress(self) -> None:
         """After a batch that changed no weight: the same version, with what was consumed,

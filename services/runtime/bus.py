@@ -1,4 +1,4 @@
-"""A service's NATS connection: typed publishing with headers and size checks."""
+"""A service's NATS connection: typed publishing with headers and size checks, typed asking."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 import nats
@@ -24,7 +24,10 @@ from protocol.codec import check_size, encode
 from protocol.errors import PayloadTooLarge
 from protocol.messages import PROTOCOL_VERSION, Message
 from protocol.servers import server_list
+from services.runtime.ask import ask
 from services.runtime.logs import get_logger
+
+R = TypeVar("R", bound=Message)
 
 _VERSION = str(PROTOCOL_VERSION)
 #: The server's status for a request nobody answers: no stream listens on the subject.
@@ -34,6 +37,10 @@ _NOT_IN_SUBJECT = re.compile(r"[ \t\r\n]")
 #: Header names nats-py accepts (an HTTP token); values lose their line breaks.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _LINE_BREAKS = str.maketrans({"\r": " ", "\n": " "})
+#: The nats-py internals :meth:`Bus._write` calls: 2.x has no public call for commands
+#: built in bulk.  tests/integration/test_bus_contract.py checks each against the
+#: installed nats-py, so an upgrade that changes one fails there, naming it.
+NATS_PRIVATE_CALLS: Final = ("_send_command", "_flush_pending")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,12 +238,13 @@ class Bus:
     async def _write(self, commands: bytes) -> None:
         """Queue protocol commands for nats-py's writer task and wake it.
 
-        nats-py 2.x has no public call for commands built in bulk; these two internals are
-        what its own ``publish()`` calls once it has built a command.  ``publish()`` also
-        validates, formats headers and checks the connection each time, which costs
-        several times the write itself; :func:`publish_command` and :func:`ack_command`
-        build the same bytes for a whole batch.  Unlike ``publish()``, nothing is buffered
-        while reconnecting: the caller's messages are handed back or redelivered instead.
+        nats-py 2.x has no public call for commands built in bulk; these two internals
+        (:data:`NATS_PRIVATE_CALLS`) are what its own ``publish()`` calls once it has built
+        a command.  ``publish()`` also validates, formats headers and checks the
+        connection each time, which costs several times the write itself;
+        :func:`publish_command` and :func:`ack_command` build the same bytes for a whole
+        batch.  Unlike ``publish()``, nothing is buffered while reconnecting: the caller's
+        messages are handed back or redelivered instead.
         """
         nc = self.nc
         if nc.is_closed:
@@ -254,6 +262,19 @@ class Bus:
                 if self._acks is None:
                     self._acks = await _AckInbox.open(self.nc)
         return self._acks
+
+    async def ask(
+        self,
+        subject: str,
+        message: Message | None,
+        reply_type: type[R],
+        timeout_s: float,
+        *,
+        trace_id: str | None = None,
+    ) -> R:
+        """Request/reply: the answer as a ``reply_type``, else an ``AskError``
+        (see :func:`services.runtime.ask.ask`)."""
+        return await ask(self.nc, subject, message, reply_type, timeout_s, trace_id=trace_id)
 
     async def emit(self, subject: str, message: Message, *, trace_id: str | None = None) -> None:
         """Fire-and-forget core NATS publish (heartbeats, stats): losing one is harmless."""

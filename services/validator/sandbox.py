@@ -7,19 +7,15 @@ answer in time, an error reply, a reply that is not a result) is an
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Protocol
 
-import nats.errors
-import structlog
 from nats.aio.client import Client as NATS
 
-from protocol import headers
-from protocol.codec import Codec, encode
-from protocol.errors import DecodeError, ErrorCode
-from protocol.messages import ErrorReply, SandboxExec, SandboxResult
+from protocol.errors import ErrorCode
+from protocol.messages import SandboxExec, SandboxResult
+from services.runtime.ask import AskError, AskTimeout, BadReply, NoResponder, Refused, Unsent
+from services.sandbox.client import SandboxClient
 from services.validator.base import InfraFailure
-
-_REPLIES: Final[Codec[SandboxResult | ErrorReply]] = Codec(SandboxResult | ErrorReply)
 
 
 class SandboxRejected(Exception):
@@ -41,30 +37,27 @@ class NatsSandbox:
     """SandboxExec by request/reply on the sandbox subject (queue group: any instance)."""
 
     def __init__(self, nc: NATS, subject: str) -> None:
-        self._nc = nc
-        self._subject = subject
+        self._client = SandboxClient(nc, exec_subject=subject)
 
     async def run(self, request: SandboxExec, timeout_s: float) -> SandboxResult:
         try:
-            reply = await self._nc.request(
-                self._subject, encode(request), timeout=timeout_s, headers=_trace_headers()
-            )
-        except nats.errors.NoRespondersError:
-            raise InfraFailure(f"no sandbox service answers on {self._subject}") from None
-        except (nats.errors.TimeoutError, TimeoutError):
-            raise InfraFailure(f"the sandbox did not answer within {timeout_s:.1f}s") from None
-        except nats.errors.Error as error:
-            raise InfraFailure(f"sandbox request failed: {error!r}") from None
-        try:
-            answer = _REPLIES.decode(reply.data)
-        except DecodeError as error:
-            raise InfraFailure(f"the sandbox sent an unreadable reply: {error.message}") from None
-        if isinstance(answer, ErrorReply):
-            raise SandboxRejected(answer.code, answer.message)
-        return answer
+            return await self._client.exec(request, timeout_s)
+        except Refused as error:
+            raise SandboxRejected(error.code, error.message) from None
+        except AskError as error:
+            raise sandbox_failure(error) from None
 
 
-def _trace_headers() -> dict[str, str]:
-    # The runtime binds the rollout's trace id per message; sandbox work for it carries it on.
-    trace_id = structlog.contextvars.get_contextvars().get("trace_id")
-    return {headers.TRACE_ID: str(trace_id)} if trace_id else {}
+def sandbox_failure(error: AskError) -> InfraFailure:
+    """A sandbox request that got no answer, or one that does not decode, as an infra failure."""
+    if isinstance(error, NoResponder):
+        return InfraFailure(f"no sandbox service answers on {error.subject}")
+    if isinstance(error, AskTimeout):
+        return InfraFailure(
+            f"the sandbox did not answer within {error.timeout_s:.1f}s on {error.subject}"
+        )
+    if isinstance(error, BadReply):
+        return InfraFailure(f"the sandbox sent an unreadable reply: {error.reason}")
+    if isinstance(error, Unsent):
+        return InfraFailure(f"sandbox request failed: {error.error!r}")
+    return InfraFailure(str(error))

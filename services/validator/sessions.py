@@ -11,35 +11,18 @@ cannot be archived (or their sandbox is gone), which is the candidate's doing:
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import Protocol
 
-import nats.errors
-import structlog
 from nats.aio.client import Client as NATS
 
-from protocol import headers, subjects
-from protocol.codec import Codec, encode
-from protocol.errors import DecodeError, ErrorCode
-from protocol.messages import (
-    ErrorReply,
-    SandboxClose,
-    SandboxExec,
-    SandboxLimits,
-    SandboxOpen,
-    SandboxResult,
-    SandboxSession,
-    SandboxSnapshot,
-    SandboxSnapshotRequest,
-)
+from protocol.messages import SandboxExec, SandboxLimits, SandboxOpen, SandboxResult, SandboxSession
+from services.runtime.ask import AskError, Refused
+from services.sandbox.client import SandboxClient, WorkspaceRefused
 from services.validator.base import InfraFailure
-
-_OPENED: Final[Codec[SandboxSession | ErrorReply]] = Codec(SandboxSession | ErrorReply)
-_RAN: Final[Codec[SandboxResult | ErrorReply]] = Codec(SandboxResult | ErrorReply)
-_SAVED: Final[Codec[SandboxSnapshot | ErrorReply]] = Codec(SandboxSnapshot | ErrorReply)
-#: Seconds a close may take; an unclosed session is reclaimed by its lease anyway.
-CLOSE_TIMEOUT_S: Final = 5.0
+from services.validator.sandbox import sandbox_failure
 
 
 class WorkspaceLost(Exception):
@@ -81,9 +64,8 @@ class NatsSessions:
     """Sessions of the sandbox service, over NATS request/reply."""
 
     def __init__(self, nc: NATS, timeout_s: float) -> None:
-        self._nc = nc
         #: Per request: an exec's own time limit plus start-up, queueing and the reply.
-        self._timeout_s = timeout_s
+        self._client = SandboxClient(nc, timeout_s)
 
     async def open(
         self,
@@ -102,19 +84,17 @@ class NatsSessions:
             snapshot=snapshot,
             checker=checker,
         )
-        reply = await _request(
-            self._nc, subjects.sandbox_session(), encode(request), self._timeout_s
-        )
-        opened = _decoded(_OPENED, reply, "sandbox session refused")
-        assert isinstance(opened, SandboxSession)
-        return _NatsSession(self._nc, opened, self._timeout_s)
+        try:
+            opened = await self._client.open(request)
+        except AskError as error:
+            raise _infra(error, "sandbox session refused") from None
+        return _NatsSession(self._client, opened)
 
 
 class _NatsSession:
-    def __init__(self, nc: NATS, session: SandboxSession, timeout_s: float) -> None:
-        self._nc = nc
+    def __init__(self, client: SandboxClient, session: SandboxSession) -> None:
+        self._client = client
         self._session = session
-        self._timeout_s = timeout_s
 
     async def run(self, language: str, code: str, stdin: bytes = b"") -> SandboxResult:
         request = SandboxExec(
@@ -133,57 +113,28 @@ class _NatsSession:
         return await self._exec(request)
 
     async def _exec(self, request: SandboxExec) -> SandboxResult:
-        reply = await _request(self._nc, self._session.subject, encode(request), self._timeout_s)
-        result = _decoded(_RAN, reply, "sandbox refused the exec")
-        assert isinstance(result, SandboxResult)
-        return result
+        try:
+            return await self._client.run(self._session, request)
+        except AskError as error:
+            raise _infra(error, "sandbox refused the exec") from None
 
     async def snapshot(self) -> str:
-        request = SandboxSnapshotRequest(session=self._session.session)
-        reply = await _request(self._nc, self._session.subject, encode(request), self._timeout_s)
         try:
-            saved = _SAVED.decode(reply)
-        except DecodeError as error:
-            raise InfraFailure(f"the sandbox sent an unreadable reply: {error.message}") from None
-        if isinstance(saved, ErrorReply) and saved.code is ErrorCode.BAD_REQUEST:
-            raise WorkspaceLost(saved.message)
-        done = _decoded(_SAVED, reply, "sandbox refused the snapshot")
-        assert isinstance(done, SandboxSnapshot)
-        return done.snapshot
+            saved = await self._client.snapshot(self._session)
+        except WorkspaceRefused as error:
+            raise WorkspaceLost(error.message) from None
+        except AskError as error:
+            raise _infra(error, "sandbox refused the snapshot") from None
+        return saved.snapshot
 
     async def close(self) -> None:
-        close = encode(SandboxClose(session=self._session.session))
-        try:
-            await self._nc.request(self._session.subject, close, timeout=CLOSE_TIMEOUT_S)
-        except (nats.errors.Error, TimeoutError):
-            return
+        # Best effort: an unclosed session is reclaimed by its lease anyway.
+        with contextlib.suppress(AskError):
+            await self._client.close(self._session)
 
 
-async def _request(nc: NATS, subject: str, payload: bytes, timeout_s: float) -> bytes:
-    try:
-        reply = await nc.request(subject, payload, timeout=timeout_s, headers=_trace_headers())
-    except nats.errors.NoRespondersError:
-        raise InfraFailure(f"no sandbox service answers on {subject}") from None
-    except (nats.errors.TimeoutError, TimeoutError):
-        raise InfraFailure(
-            f"the sandbox did not answer on {subject} within {timeout_s:.1f}s"
-        ) from None
-    except nats.errors.Error as error:
-        raise InfraFailure(f"sandbox request failed: {error!r}") from None
-    return bytes(reply.data)
-
-
-def _decoded(codec: Codec[Any], data: bytes, refused: str) -> object:
-    try:
-        reply = codec.decode(data)
-    except DecodeError as error:
-        raise InfraFailure(f"the sandbox sent an unreadable reply: {error.message}") from None
-    if isinstance(reply, ErrorReply):
-        raise InfraFailure(f"{refused} ({reply.code.value}): {reply.message}")
-    return reply
-
-
-def _trace_headers() -> dict[str, str]:
-    # The runtime binds the rollout's trace id per message; sandbox work for it carries it on.
-    trace_id = structlog.contextvars.get_contextvars().get("trace_id")
-    return {headers.TRACE_ID: str(trace_id)} if trace_id else {}
+def _infra(error: AskError, refused: str) -> InfraFailure:
+    """Every way a request can fail without the answer asked for, as an infra failure."""
+    if isinstance(error, Refused):
+        return InfraFailure(f"{refused} ({error.code.value}): {error.message}")
+    return sandbox_failure(error)
