@@ -8,6 +8,7 @@ the ledger position) is written durably, the last K kept, and resumed exactly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import shutil
@@ -38,7 +39,7 @@ from services.learner.loss import (
     target_logprobs,
 )
 from services.learner.reward_bounds import RewardBounds
-from services.model.load import load_causal_lm
+from services.model.load import default_dtype, load_causal_lm
 from services.model.weights import directory_digest, write_weights
 from services.runtime.logs import get_logger
 from services.runtime.stages import Stages
@@ -196,7 +197,9 @@ class Trainer:
         self.out_dir = out_dir
         self.config = config
         self.device = torch.device(device)
-        self.model: Any = load_causal_lm(model_dir, self.device)
+        # Master weights and optimizer state in float32 everywhere; on a GPU the forward
+        # passes run in the dtype policy's bf16 under autocast (see _completion_logits).
+        self.model: Any = load_causal_lm(model_dir, self.device, torch.float32)
         self.model.train()
         #: Under torchrun: this rank's share of the micro-batches and the gradient sum.
         self._parallel = parallel
@@ -606,12 +609,21 @@ class _ModelLimits:
 
 
 def _completion_logits(model: Any, rows: _Rows, part: slice) -> torch.Tensor:
-    """Next-token logits ``[B, L]`` of the positions from ``rows.first`` on only."""
-    hidden = model.base_model(
-        input_ids=rows.tokens[part], attention_mask=rows.attention[part]
-    ).last_hidden_state
-    logits: torch.Tensor = model.get_output_embeddings()(hidden[:, rows.first : -1])
-    return logits
+    """Next-token logits ``[B, L]`` of the positions from ``rows.first`` on only, in
+    float32; computed in the device's dtype of the policy (bf16 autocast on a GPU)."""
+    with _compute_precision(rows.tokens.device):
+        hidden = model.base_model(
+            input_ids=rows.tokens[part], attention_mask=rows.attention[part]
+        ).last_hidden_state
+        logits: torch.Tensor = model.get_output_embeddings()(hidden[:, rows.first : -1])
+    return logits.float()
+
+
+def _compute_precision(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    dtype = default_dtype(device)
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def _filtered(item: ScoredRollout) -> bool:

@@ -394,3 +394,17 @@ def test_a_reward_outside_its_domains_range_is_refused(tiny_model: Path, tmp_pat
     # The same reward in a domain declared to reach it is trained on.
     wide = TrainerConfig(lr=1e-3, rewards=RewardBounds({"unit": ScoreRange(0.0, 20.0)}))
     assert not Trainer(tiny_model, tmp_path / "wide", wide).train([*good, inflated]).refused
+
+
+def test_on_a_gpu_the_forward_runs_in_bf16_over_float32_master_weights() -> None:
+    """Named as such: this machine has no GPU, so only the chosen precision is checked."""
+    import contextlib
+    import warnings
+
+    from services.learner.trainer import _compute_precision
+
+    assert isinstance(_compute_precision(torch.device("cpu")), contextlib.nullcontext)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # autocast warns that CUDA is missing here
+        gpu = _compute_precision(torch.device("cuda"))
+    assert isinstance(gpu, torch.autocast) and gpu.fast_dtype is torch.bfloat16
