@@ -53,8 +53,8 @@ from agent_workload import (
 )
 from transformers.utils import logging as hf_logging
 
-from services.generator.engine import GenerateRequest, Sample, Sampling
-from services.generator.torch_engine import TorchEngine
+from services.engines.engine import GenerateRequest, Sample, Sampling
+from services.engines.torch.engine import TorchEngine
 from services.runtime import logs
 
 #: The policy: a random Qwen2 wider than `temper model init`'s so that prefill weighs

@@ -132,7 +132,7 @@ def publication(model_dir: Path, work: Path) -> None:
     from safetensors.torch import load_model, save_model
     from transformers import AutoModelForCausalLM
 
-    from services.generator.torch_engine import TorchEngine
+    from services.engines.torch.engine import TorchEngine
 
     trainer = Trainer(model_dir, work / "publish", TrainerConfig())
     engine = TorchEngine(model_dir, tune_linears=False)

@@ -40,9 +40,9 @@ from agent_workload import (
     tool_output,
 )
 
-from services.generator.engine import GenerateRequest, Sampling
-from services.generator.sglang_engine import SGLangEngine
-from services.generator.sglang_server import SGLangServer, SGLangServerSettings, sglang_python
+from services.engines.engine import GenerateRequest, Sampling
+from services.engines.sglang.engine import SGLangEngine
+from services.engines.sglang.server import SGLangServer, SGLangServerSettings, sglang_python
 
 THROUGHPUT_TOKENS = 64
 THROUGHPUT_BATCH = 8

@@ -45,10 +45,10 @@ import services.generator.service as generator_module
 from protocol import subjects
 from protocol.codec import Codec, encode
 from protocol.messages import PolicyUpdate, WeightSyncAck
+from services.engines.sglang.engine import SGLangEngine, SGLangEngineSettings
+from services.engines.sglang.server import SGLangServer, SGLangServerSettings, sglang_python
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings
-from services.generator.sglang_server import SGLangServer, SGLangServerSettings, sglang_python
 from services.learner.broadcast import BroadcastSettings, WeightServer
 from services.learner.trainer import Exported
 from services.model.weights import write_weights

@@ -26,7 +26,7 @@ from services.runtime.stages import Stages
 
 
 def generator_section(plan: Plan, model_dir: Path) -> Comparison:
-    from services.generator.torch_engine import TorchEngine
+    from services.engines.torch.engine import TorchEngine
 
     loop = asyncio.new_event_loop()
     engine = TorchEngine(model_dir, device=str(plan.device), dtype=plan.dtype)
@@ -65,7 +65,7 @@ def _prompts(plan: Plan, round_: int) -> list[list[int]]:
 
 
 async def _engine_round(plan: Plan, engine: Any, round_: int) -> float:
-    from services.generator.engine import GenerateRequest, Sampling
+    from services.engines.engine import GenerateRequest, Sampling
 
     requests = [
         GenerateRequest(
@@ -188,7 +188,7 @@ def bare_step(model: Any, optimizer: Any, items: Sequence[Any], device: torch.de
 def publication_section(plan: Plan, model_dir: Path) -> Comparison:
     from safetensors.torch import load_model, save_model
 
-    from services.generator.torch_engine import TorchEngine
+    from services.engines.torch.engine import TorchEngine
     from services.learner.trainer import Trainer, TrainerConfig
     from services.model.weights import verify_digest
 

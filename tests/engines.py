@@ -3,7 +3,7 @@ model writes no tool calls, and a scheduling test needs turns of a known length)
 
 from __future__ import annotations
 
-from services.generator.engine import EngineStatistics, Sample
+from services.engines.engine import EngineStatistics, Sample
 
 
 class ScriptedTurns:
@@ -25,6 +25,9 @@ class ScriptedTurns:
 
     def statistics(self) -> EngineStatistics:
         return EngineStatistics()
+
+    def batch_statistics(self) -> dict[str, float]:
+        return {}
 
 
 def stopped(ids: list[int], n: int, *, version: int = 0) -> list[Sample]:

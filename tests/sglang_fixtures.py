@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from services.generator.sglang_server import (
+from services.engines.sglang.server import (
     DEPLOY_DIR,
     SGLangServer,
     SGLangServerError,
     SGLangServerSettings,
 )
-from services.generator.sglang_server import (
+from services.engines.sglang.server import (
     sglang_python as find_sglang_python,
 )
 from tests.required import unavailable

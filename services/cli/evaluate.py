@@ -134,7 +134,7 @@ def _label(policy: str) -> str:
 
 
 def _stack(args: argparse.Namespace, model: Path, plan: SuitePlan, run_dir: Path) -> StackSettings:
-    from services.generator.sglang_server import free_port
+    from services.runtime.ports import free_port
 
     sandboxed = domains_needing_sandbox(plan.domains)
     env = {

@@ -28,7 +28,7 @@ from protocol.messages import (
 )
 from protocol.packed import i32_list, pack_f32, pack_i32, pack_u8
 from services.domains.api import SANDBOX_FILES
-from services.generator.engine import (
+from services.engines.engine import (
     Engine,
     EngineError,
     GenerateRequest,

@@ -22,7 +22,7 @@ from protocol.messages import RolloutStatus, Task
 from services.domains.retry import RetryPolicy
 from services.generator import retries
 from services.generator.agent import Outcome
-from services.generator.preemption import preemptible
+from services.generator.scheduling.preemption import preemptible
 from services.generator.trajectory import Trajectory
 from services.runtime.bus import Bus
 from services.runtime.consumer import Delivery

@@ -2,8 +2,8 @@
 
 Tasks are pulled with strict priority (tier 0 first) under one shared concurrency bound,
 and within a tier in weighted fair share between domains and between the tenants of
-each, a quarantined domain's tasks held in their stream (services.generator.intake,
-services.generator.scheduling); the validator's infrastructure failures of this
+each, a quarantined domain's tasks held in their stream (services.generator.scheduling.intake,
+services.generator.scheduling.scheduler); the validator's infrastructure failures of this
 instance's rollouts, heard on the scored subject, count toward that quarantine.
 A task is acked only once all its rollouts are stored in the rollout stream, each with
 its stable id as ``Nats-Msg-Id``, so a redelivered task republishes nothing new.
@@ -38,15 +38,15 @@ from protocol.messages import (
 )
 from services.domains.api import is_heldout
 from services.domains.retry import RetryPolicy
-from services.generator.admission import StalenessAdmission
+from services.engines.engine import Engine, EngineError
 from services.generator.agent import AgentLoop, Outcome
-from services.generator.engine import Engine, EngineError
-from services.generator.fairshare import Flow
-from services.generator.intake import DURABLE, DomainConsumer
 from services.generator.outcomes import Outcomes, RetryPolicies
-from services.generator.preemption import Preemption, Running
-from services.generator.sandbox_room import SandboxRoom
-from services.generator.scheduling import DomainScheduler
+from services.generator.scheduling.admission import StalenessAdmission
+from services.generator.scheduling.fairshare import Flow
+from services.generator.scheduling.intake import DURABLE, DomainConsumer
+from services.generator.scheduling.preemption import Preemption, Running
+from services.generator.scheduling.sandbox_admission import SandboxAdmission
+from services.generator.scheduling.scheduler import DomainScheduler
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
 from services.generator.trajectory import LoopLimits
@@ -95,7 +95,7 @@ class GeneratorService(Service):
         self._generated_at_start = 0
         self._task_codec: Codec[Task] = Codec(Task)
         self.admission = StalenessAdmission(settings.admission_samples)
-        self.sandbox_room = SandboxRoom(settings.sandbox_report_stale_s)
+        self.sandbox_admission = SandboxAdmission(settings.sandbox_report_stale_s)
         #: Per task: waiting for admission, generating, publishing; per update: reloading.
         self.stages = Stages()
         #: Where each task's samples went: published, retried, re-queued, dead-lettered.
@@ -181,7 +181,7 @@ class GeneratorService(Service):
             return SandboxTools(
                 self.bus.nc,
                 timeout_s=self.settings.tool_timeout_s,
-                on_open=self.sandbox_room.opened,
+                on_open=self.sandbox_admission.opened,
             )
         return LocalTools()
 
@@ -191,7 +191,7 @@ class GeneratorService(Service):
         self.preemption.stop()
         await self.intake_ended(self.runtime.grace_s)
         self.admission.close()
-        self.sandbox_room.close()
+        self.sandbox_admission.close()
 
     async def teardown(self) -> None:
         if self._receiver is not None:
@@ -238,14 +238,14 @@ class GeneratorService(Service):
         # One sandbox session per trajectory: each of the task's samples needs one.
         trajectories = [rollout_id(task.id, i, task.attempt) for i in task.sample_indices]
         with self.stages.stage("sandbox_admission"):
-            if not await running.unless_asked(self.sandbox_room.admit(trajectories)):
+            if not await running.unless_asked(self.sandbox_admission.admit(trajectories)):
                 self.admission.release(samples)
                 return Outcome(rollouts=[], handed_back=True)
         try:
             with self.stages.stage("generate"):
                 return await self._rollouts_for(task, running)
         finally:
-            self.sandbox_room.finished(trajectories)
+            self.sandbox_admission.finished(trajectories)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [self.preemption.run()]
@@ -259,7 +259,7 @@ class GeneratorService(Service):
         return int(info.state.messages)
 
     async def _on_sandbox_stats(self, stats: Stats, _: Request) -> None:
-        self.sandbox_room.report(stats.instance, stats.values)
+        self.sandbox_admission.report(stats.instance, stats.values)
 
     async def _on_scored(self, scored: ScoredRollout, _: Request) -> None:
         if self.scheduler.judged(scored, self.instance):
@@ -427,7 +427,7 @@ class GeneratorService(Service):
         values["weight_broadcast_failures"] = float(self.broadcast_failures)
         values["admission_ahead"] = float(self.admission.ahead())
         values["admission_waits"] = float(self.admission.waits)
-        values["sandbox_admission_waits"] = float(self.sandbox_room.waits)
+        values["sandbox_admission_waits"] = float(self.sandbox_admission.waits)
         values["resumes"] = float(self.resumed)
         values.update(self.outcomes.statistics())
         values.update(self.scheduler.statistics())
@@ -449,10 +449,9 @@ def _route_of(task: Task, delivery: Delivery) -> subjects.TaskRoute:
 
 def _batching_of(engine: Engine) -> dict[str, float]:
     """How many rows the engine decodes per step, where it batches requests itself."""
-    report = getattr(engine, "batch_statistics", None)
-    if not callable(report):  # a server engine (SGLang) batches on its side
+    figures = engine.batch_statistics()
+    if not figures:  # a server engine (SGLang) batches on its side
         return {}
-    figures: dict[str, float] = report()
     return {
         "decode_rows_per_step": figures["rows_per_step"],
         "decode_peak_rows": figures["peak_rows"],
@@ -490,7 +489,7 @@ def make_engine(settings: GeneratorSettings) -> Engine:
 
         if settings.threads:
             torch.set_num_threads(settings.threads)
-        from services.generator.torch_engine import TorchEngine
+        from services.engines.torch.engine import TorchEngine
 
         return TorchEngine(
             settings.model,
@@ -499,7 +498,7 @@ def make_engine(settings: GeneratorSettings) -> Engine:
             cache_bytes=settings.prefix_cache_mb << 20,
             tune_linears=settings.tune_linears,
         )
-    from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings
+    from services.engines.sglang.engine import SGLangEngine, SGLangEngineSettings
 
     engine_settings = SGLangEngineSettings(check_raw_logprobs=settings.sglang_check_raw_logprobs)
     return SGLangEngine(list(settings.sglang_urls), engine_settings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.generator.scheduling import SchedulingSettings
+from services.generator.scheduling.scheduler import SchedulingSettings
 from services.runtime.settings import RuntimeSettings
 
 ENGINES = ("torch", "sglang")

@@ -18,7 +18,7 @@ from protocol.messages import (
     ToolCall,
 )
 from protocol.packed import f32_list, i32_list, pack_f32, pack_i32, pack_u8, unpack_u8
-from services.generator.engine import Sample
+from services.engines.engine import Sample
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 

@@ -27,8 +27,8 @@ from protocol.messages import (
     WeightSend,
     WeightSending,
 )
-from services.generator.engine import EngineError
-from services.generator.sglang_engine import TensorSpec
+from services.engines.engine import EngineError
+from services.engines.sglang.broadcast import TensorSpec
 from services.runtime.ask import AskError, BadReply, Refused, ask
 
 R = TypeVar("R", WeightGroup, WeightSending)

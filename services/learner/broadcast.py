@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import msgspec
 import structlog
@@ -47,14 +47,16 @@ from protocol.messages import (
     WeightSending,
     WeightTensor,
 )
-from services.generator.sglang_server import free_port
 from services.learner.trainer import Exported
 from services.model.weights import WEIGHTS_FILE
 from services.runtime.errors import RequestRejected
+from services.runtime.ports import free_port
 from services.runtime.responder import Request
 from services.runtime.service import Service
 
-TRANSPORTS = ("disk", "distributed")
+#: The learner's ``weight_transport`` setting.
+WeightTransport = Literal["disk", "distributed"]
+TRANSPORTS: tuple[str, ...] = get_args(WeightTransport)
 
 _REQUESTS: Codec[WeightGroupOpen | WeightSend] = Codec(WeightGroupOpen | WeightSend)
 
@@ -84,7 +86,7 @@ SenderFactory = Callable[[WeightGroup, float], Sender]
 
 
 def gloo_sender(offer: WeightGroup, timeout_s: float) -> Sender:
-    from services.generator.sglang_engine import GlooWeightSender
+    from services.engines.sglang.broadcast import GlooWeightSender
 
     return GlooWeightSender(
         master_address=offer.master_address,

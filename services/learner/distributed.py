@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,8 @@ from services.learner.loss import LossStats
 _Share = TypeVar("_Share")
 
 #: The learner's ``parallel`` setting: how the ranks hold the model.
-PARALLEL_MODES = ("ddp", "fsdp")
+ParallelMode = Literal["ddp", "fsdp"]
+PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
 #: Gathered whole, onto rank 0's CPU: what an export or a checkpoint writes.
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -42,9 +42,14 @@ from protocol.messages import (
 )
 from services.domains.ranges import ScoreRange
 from services.learner.acks import AckSettings, WeightAcks
-from services.learner.broadcast import BroadcastSettings, WeightServer, make_weight_server
+from services.learner.broadcast import (
+    BroadcastSettings,
+    WeightServer,
+    WeightTransport,
+    make_weight_server,
+)
 from services.learner.checkpoints import Loaded
-from services.learner.distributed import PARALLEL_MODES
+from services.learner.distributed import PARALLEL_MODES, ParallelMode
 from services.learner.ledger import Consumed, Ledger, StepRecord
 from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
@@ -116,7 +121,7 @@ class LearnerSettings:
     #: How generators get each version: ``disk`` (they load its directory from a volume
     #: they share) or ``distributed`` (SGLang servers receive a torch.distributed broadcast
     #: from this learner; every version is still written to disk).  docs/operations.md.
-    weight_transport: str = "disk"
+    weight_transport: WeightTransport = "disk"
     #: ``distributed``: the address the SGLang servers reach this learner at.
     weight_master_address: str = "127.0.0.1"
     #: ``distributed``: joining a group, or one broadcast, taking longer fails it.
@@ -135,7 +140,7 @@ class LearnerSettings:
     rank_timeout_s: float = 1800.0
     #: Under torchrun: ``ddp`` replicates the model on every rank, ``fsdp`` shards it
     #: (docs/operations.md).  A single process has nothing to shard over and ignores it.
-    parallel: str = "ddp"
+    parallel: ParallelMode = "ddp"
     #: The domains whose reward ranges the learner enforces: the validator's config (a
     #: TOML file or a folder; ``None``: the built-in domains) and its plugins.
     domains_config: Path | None = None

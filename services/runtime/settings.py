@@ -113,6 +113,12 @@ def _parse(raw: str, kind: Any, var: str) -> Any:
         if raw.strip().lower() in ("", "none", "null"):
             return None
         return _parse(raw, options[0], var)
+    if origin is typing.Literal:
+        allowed = typing.get_args(kind)
+        if raw not in allowed:
+            choices = ", ".join(repr(a) for a in allowed)
+            raise SettingsError(f"{var}={raw!r}: not one of {choices}")
+        return raw
     if origin is tuple:
         item = typing.get_args(kind)[0]
         return tuple(_parse(part.strip(), item, var) for part in raw.split(",") if part.strip())

@@ -38,7 +38,7 @@ from services.runtime.service import Service
 from services.sandbox.agent_client import AgentError, AgentRejected, ExecRequest
 from services.sandbox.backend import Backend, Box, Outcome, SandboxUnavailable
 from services.sandbox.limits import resolve
-from services.sandbox.settings import Limits, SandboxSettings
+from services.sandbox.settings import BackendName, Limits, SandboxSettings
 from services.sandbox.snapshots import SnapshotStore
 
 #: Outputs one exec may ask for (the agent's own cap).
@@ -59,20 +59,20 @@ class Session:
         self.expires_at = time.time() + self.ttl_s
 
 
-def make_backend(settings: SandboxSettings, name: str | None = None) -> Backend:
+def make_backend(settings: SandboxSettings, name: BackendName | None = None) -> Backend:
     name = name or settings.backend
     if name == "docker":
         from services.sandbox.docker_backend import DockerBackend
 
         return DockerBackend(settings)
-    if name in ("bwrap", "subprocess"):
+    if name == "bwrap" or name == "subprocess":
         from services.sandbox.local_backend import LocalBackend
 
         return LocalBackend(replace(settings, backend=name))
     raise ValueError(f"unknown sandbox backend {name!r} (auto, docker, bwrap, subprocess)")
 
 
-async def detect_backend(settings: SandboxSettings) -> str:
+async def detect_backend(settings: SandboxSettings) -> BackendName:
     """``auto``: Docker when the engine answers and has the image, else bubblewrap, else bare."""
     from services.sandbox.docker_backend import docker_ready
 
@@ -135,7 +135,8 @@ class SandboxService(Service):
         values = super().statistics()
         values.update(self.backend.statistics())
         values["sessions"] = float(len(self._sessions))
-        # Generators hold tool-using tasks until a session is free (sandbox_room.py).
+        # Generators hold tool-using tasks until a session is free
+        # (services/generator/scheduling/sandbox_admission.py).
         values["sessions_free"] = float(max(0, self.settings.max_sessions - len(self._sessions)))
         values["executed"] = float(self.executed)
         return values

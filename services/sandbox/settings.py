@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Literal
 
 from protocol.messages import SandboxLimits
 from services.runtime.settings import RuntimeSettings, SettingsError
 
+BackendName = Literal["auto", "docker", "bwrap", "subprocess"]
 #: Where an operator raises a maximum (``TEMPER_SANDBOX_MAXIMA_<FIELD>``).
 MAXIMA_VARIABLE = "TEMPER_SANDBOX_MAXIMA_{field}"
 
@@ -41,7 +43,7 @@ class SandboxSettings:
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     #: ``docker``; ``bwrap`` (bubblewrap, no Docker needed); ``subprocess`` (weak isolation);
     #: ``auto``: docker when the engine answers and has the image, else bwrap, else subprocess.
-    backend: str = "auto"
+    backend: BackendName = "auto"
     image: str = "temper-sandbox:latest"
     #: Warm containers kept ready.
     pool_size: int = 4

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from services.generator.sglang_server import SGLangServer
+from services.engines.sglang.server import SGLangServer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_weight_transport.py"
 

@@ -15,8 +15,8 @@ from nats.js import JetStreamContext
 from protocol import streams, subjects
 from protocol.codec import Codec, encode
 from protocol.messages import ChatMessage, Task
-from services.generator.fairshare import FairShare, Flow
-from services.generator.intake import (
+from services.generator.scheduling.fairshare import FairShare, Flow
+from services.generator.scheduling.intake import (
     DURABLE,
     MAX_DURABLE_LEN,
     DomainSource,
@@ -24,7 +24,7 @@ from services.generator.intake import (
     flow_durable,
     retire_tier_durable,
 )
-from services.generator.quarantine import Quarantine, QuarantineSettings
+from services.generator.scheduling.quarantine import Quarantine, QuarantineSettings
 from services.runtime.jetstream import ConsumerSpec, ensure_consumer, ensure_streams
 from tests.integration.support import client
 

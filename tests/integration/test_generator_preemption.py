@@ -29,12 +29,12 @@ from protocol import streams
 from protocol.codec import Codec, encode
 from protocol.messages import ChatMessage, FinishReason, RolloutStatus, SamplingParams, Task
 from services.domains import load_registry
+from services.engines.engine import GenerateRequest, Sample
+from services.engines.torch.engine import TorchEngine
 from services.generator import retries
 from services.generator.agent import AgentLoop
-from services.generator.engine import GenerateRequest, Sample
 from services.generator.service import GeneratorService
 from services.generator.tools import SandboxTools
-from services.generator.torch_engine import TorchEngine
 from services.model.tokens import ChatTokenizer
 from services.runtime.jetstream import ensure_streams
 from services.sandbox.service import SandboxService

@@ -26,7 +26,7 @@ from protocol.codec import Codec, encode
 from protocol.errors import ErrorCode
 from protocol.messages import ChatMessage, FailureKind, RolloutStatus, SamplingParams, Task
 from services.cli import dlq
-from services.generator.engine import GenerateRequest, Sample
+from services.engines.engine import GenerateRequest, Sample
 from services.generator.service import GeneratorService
 from services.model.tokens import ChatTokenizer
 from services.runtime.jetstream import ensure_streams

@@ -40,8 +40,8 @@ from protocol.messages import (
 )
 from services.domains import DomainRegistry
 from services.domains.terminal.family import domain as terminal_domain
-from services.generator.engine import GenerateRequest, Sample
-from services.generator.scheduling import SchedulingSettings
+from services.engines.engine import GenerateRequest, Sample
+from services.generator.scheduling.scheduler import SchedulingSettings
 from services.generator.service import GeneratorService
 from services.model.tokens import ChatTokenizer
 from services.runtime.jetstream import ensure_streams
@@ -364,7 +364,7 @@ async def test_tool_tasks_wait_for_a_free_sandbox_session(
     engine = ToolCaller(ChatTokenizer.load(tiny_model), "import time; time.sleep(1); print(42)")
     async with SandboxService(pool), GeneratorService(settings, engine) as service:
         async with asyncio.timeout(30):
-            while service.sandbox_room.room() is None:
+            while service.sandbox_admission.room() is None:
                 await asyncio.sleep(0.1)
         for i in range(4):
             await _submit(nc.jetstream(), _task(f"boxed-{i}", "boxed", tools=("python",)))

@@ -11,12 +11,12 @@ from nats.aio.msg import Msg
 from protocol import subjects
 from protocol.codec import Codec, encode
 from protocol.messages import ChatMessage, Rollout, RolloutStatus, SamplingParams, Task
-from services.generator.engine import GenerateRequest, Sampling
+from services.engines.engine import GenerateRequest, Sampling
+from services.engines.sglang.engine import SGLangEngine
+from services.engines.sglang.server import SGLangServer
+from services.engines.torch.engine import TorchEngine
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.generator.sglang_engine import SGLangEngine
-from services.generator.sglang_server import SGLangServer
-from services.generator.torch_engine import TorchEngine
 from services.model.tokens import ChatTokenizer
 from tests.integration.support import client, runtime
 

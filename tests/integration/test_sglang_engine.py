@@ -19,20 +19,21 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.generator.engine import (
+from services.engines.engine import (
     Engine,
     EngineError,
     GenerateRequest,
     Sampling,
     WeightUpdateError,
 )
-from services.generator.sglang_engine import (
-    GlooWeightSender,
+from services.engines.sglang.broadcast import GlooWeightSender
+from services.engines.sglang.engine import (
     SGLangEngine,
     SGLangEngineSettings,
     SGLangSample,
 )
-from services.generator.sglang_server import SGLangServer, free_port
+from services.engines.sglang.server import SGLangServer
+from services.runtime.ports import free_port
 
 # The first test may build the venv (minutes) and start the server (about 30 s).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

@@ -44,8 +44,8 @@ from protocol.messages import (
 )
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
 from services.domains.formats import tool_call_text, tool_instructions
-from services.generator.sglang_engine import SGLangEngine, SGLangEngineSettings
-from services.generator.sglang_server import SGLangServer
+from services.engines.sglang.engine import SGLangEngine, SGLangEngineSettings
+from services.engines.sglang.server import SGLangServer
 from services.runtime.procs import child_preexec
 from tests.integration.support import client
 

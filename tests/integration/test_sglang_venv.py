@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from services.generator import sglang_server
-from services.generator.sglang_server import (
+from services.engines.sglang import server as sglang_server
+from services.engines.sglang.server import (
     DEPLOY_DIR,
     POINTER_NAME,
     STAMP_NAME,

@@ -22,10 +22,11 @@ from safetensors.torch import load_file, save_file
 from protocol import subjects
 from protocol.codec import Codec, encode
 from protocol.messages import PolicyUpdate, WeightSyncAck
+from services.engines.sglang.broadcast import GlooWeightSender
+from services.engines.sglang.engine import SGLangEngine
+from services.engines.sglang.server import SGLangServer
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.generator.sglang_engine import GlooWeightSender, SGLangEngine
-from services.generator.sglang_server import SGLangServer
 from services.learner.broadcast import BroadcastSettings, Sender, WeightServer
 from services.learner.trainer import Exported
 from services.model.weights import WEIGHTS_FILE, directory_digest

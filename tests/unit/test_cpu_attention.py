@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from services.generator import cpu_attention
+from services.engines.torch import attention as cpu_attention
 
 HEADS, KV_HEADS, DIM = 6, 2, 16
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.generator.admission import StalenessAdmission
+from services.generator.scheduling.admission import StalenessAdmission
 
 
 async def test_tasks_wait_until_the_learner_has_consumed_enough() -> None:

@@ -17,13 +17,13 @@ from protocol.messages import (
     Task,
 )
 from protocol.packed import pack_i32
-from services.generator.agent import AgentLoop
-from services.generator.engine import (
+from services.engines.engine import (
     EngineError,
     GenerateRequest,
     InvalidRequestError,
     Sample,
 )
+from services.generator.agent import AgentLoop
 from services.generator.tools import LocalTools, ToolInfraError, ToolSession, parse_tool_call
 from services.generator.trajectory import LoopLimits
 from services.model.tokens import ChatTokenizer

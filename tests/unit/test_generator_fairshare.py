@@ -8,8 +8,8 @@ from collections import Counter, deque
 import pytest
 
 from protocol import SubjectError
-from services.generator.fairshare import FairShare, Flow
-from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings
+from services.generator.scheduling.fairshare import FairShare, Flow
+from services.generator.scheduling.quarantine import DomainState, Quarantine, QuarantineSettings
 
 
 def flow(label: str) -> Flow:
@@ -116,7 +116,7 @@ def test_min_share_is_a_floor_for_each_tenant() -> None:
 
 
 def test_each_flow_has_its_own_valid_durable() -> None:
-    from services.generator.intake import MAX_DURABLE_LEN, flow_durable
+    from services.generator.scheduling.intake import MAX_DURABLE_LEN, flow_durable
 
     assert flow_durable(Flow("maths")) == "generator-maths", "as before tenants"
     assert flow_durable(Flow("maths", "acme")) == "generator-maths~acme"
@@ -139,7 +139,7 @@ def test_each_flow_has_its_own_valid_durable() -> None:
 
 
 def test_domain_status_counts_each_tenant_of_a_domain_with_tenants() -> None:
-    from services.generator.scheduling import DomainScheduler, SchedulingSettings
+    from services.generator.scheduling.scheduler import DomainScheduler, SchedulingSettings
 
     scheduler = DomainScheduler(SchedulingSettings(), {})
     for label in ("x", "x/acme", "x/acme", "y"):
@@ -237,7 +237,7 @@ def test_fair_share_skips_held_domains_and_keeps_serving_the_rest() -> None:
 
 
 def test_the_scheduler_names_the_busiest_domains_in_flight() -> None:
-    from services.generator.scheduling import DomainScheduler, SchedulingSettings
+    from services.generator.scheduling.scheduler import DomainScheduler, SchedulingSettings
 
     scheduler = DomainScheduler(SchedulingSettings(), {})
     assert scheduler.in_flight() == ""

@@ -21,7 +21,7 @@ from protocol.messages import (
 from services.domains.retry import RetryPolicy
 from services.generator import retries
 from services.generator.agent import AgentLoop
-from services.generator.preemption import Preemption, preemptible
+from services.generator.scheduling.preemption import Preemption, preemptible
 from services.generator.tools import ToolCallRequest, ToolInfraError, ToolOutcome
 from services.generator.trajectory import Trajectory
 from services.model.tokens import ChatTokenizer

@@ -15,8 +15,13 @@ from protocol.messages import (
     Task,
     rollout_id,
 )
-from services.generator.quarantine import DomainState, Quarantine, QuarantineSettings, Window
-from services.generator.scheduling import DomainScheduler, SchedulingSettings
+from services.generator.scheduling.quarantine import (
+    DomainState,
+    Quarantine,
+    QuarantineSettings,
+    Window,
+)
+from services.generator.scheduling.scheduler import DomainScheduler, SchedulingSettings
 
 SETTINGS = QuarantineSettings(
     window_s=100.0, min_samples=10, threshold=0.5, probe_after_s=10.0, max_probe_after_s=30.0

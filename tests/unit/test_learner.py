@@ -176,8 +176,8 @@ def test_exported_weights_load_in_the_engine_and_old_versions_are_pruned(
 ) -> None:
     import asyncio
 
-    from services.generator.engine import GenerateRequest, Sampling
-    from services.generator.torch_engine import TorchEngine
+    from services.engines.engine import GenerateRequest, Sampling
+    from services.engines.torch.engine import TorchEngine
 
     trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-2))
     batch = [_item("g", 0, [22, 23], 1.0, -7.0), _item("g", 1, [40, 41], 0.0, -7.0)]

@@ -1,4 +1,4 @@
-"""Linear layers' two forms of few-row products (services/generator/linear_forms.py).
+"""Linear layers' two forms of few-row products (services/engines/torch/linear_forms.py).
 
 Which form is faster is the machine's business; these tests pin what must hold anywhere:
 both forms compute the same product, a switched layer keeps its parameters and takes the
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from services.generator import linear_forms
+from services.engines.torch import linear_forms
 
 
 class Gated(nn.Linear):

@@ -31,9 +31,9 @@ from services.cli.common import CliError
 from services.cli.stack import metrics_ports as up_metrics_ports
 from services.cli.status_view import status_lines
 from services.control.service import ControlService, ControlSettings
+from services.engines.torch.engine import TorchEngine
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.generator.torch_engine import TorchEngine
 from services.learner.service import LearnerService, LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
 from services.replay.service import ReplayService, ReplaySettings

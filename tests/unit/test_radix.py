@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.generator.radix import Node, RadixCache
+from services.engines.torch.radix import Node, RadixCache
 
 BYTES_PER_TOKEN = 8
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import pytest
 
@@ -25,6 +25,7 @@ class DemoSettings:
     legacy: Optional[float] = None  # noqa: UP045 - the typing.Optional spelling must work too
     names: tuple[str, ...] = ()
     ports: tuple[int, ...] = (1,)
+    mode: Literal["fast", "safe"] = "fast"
 
 
 def build(**environ: str) -> DemoSettings:
@@ -183,3 +184,9 @@ def test_a_nested_field_keeps_its_own_default_and_takes_single_overrides() -> No
     assert changed.maxima.pids == 300
     assert changed.maxima.timeout_s == SandboxSettings().maxima.timeout_s
     assert changed.defaults == Limits()
+
+
+def test_a_mode_switch_takes_only_its_values() -> None:
+    assert build(TEMPER_DEMO_MODE="safe").mode == "safe"
+    with pytest.raises(SettingsError, match="TEMPER_DEMO_MODE='Safe': not one of 'fast', 'safe'"):
+        build(TEMPER_DEMO_MODE="Safe")

@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from services.generator.engine import (
+from services.engines.engine import (
     EngineError,
     GenerateRequest,
     Sampling,
     WeightUpdateError,
 )
-from services.generator.sglang_engine import (
+from services.engines.sglang.broadcast import TensorSpec
+from services.engines.sglang.engine import (
     SGLangEngine,
     SGLangEngineSettings,
     SGLangSample,
-    TensorSpec,
 )
 
 Handler = Callable[[dict[str, Any]], web.StreamResponse | None]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.generator.sglang_engine import StickyRouter
+from services.engines.sglang.router import StickyRouter
 
 A, B, C = "http://a", "http://b", "http://c"
 

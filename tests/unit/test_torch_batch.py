@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from services.generator.torch_batch import Batch, Prefill, RoomyLayer, prefill_groups
+from services.engines.torch.batch import Batch, Prefill, RoomyLayer, prefill_groups
 
 HEADS, DIM, LAYERS = 2, 4, 2
 

@@ -17,8 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from services.generator import cpu_attention, linear_forms
-from services.generator.engine import (
+from services.engines.engine import (
     Engine,
     EngineError,
     GenerateRequest,
@@ -27,12 +26,10 @@ from services.generator.engine import (
     Sampling,
     WeightUpdateError,
 )
-from services.generator.torch_engine import (
-    TorchEngine,
-    filter_top_k,
-    filter_top_p,
-    sample_tokens,
-)
+from services.engines.torch import attention as cpu_attention
+from services.engines.torch import linear_forms
+from services.engines.torch.engine import TorchEngine
+from services.engines.torch.sampling import filter_top_k, filter_top_p, sample_tokens
 
 TOLERANCE = 1e-4
 VOCAB = 2048

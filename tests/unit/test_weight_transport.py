@@ -27,10 +27,10 @@ from protocol.messages import (
     WeightSend,
     WeightSending,
 )
-from services.generator.engine import EngineError, WeightUpdateError
+from services.engines.engine import EngineError, WeightUpdateError
+from services.engines.sglang.broadcast import TensorSpec
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.generator.sglang_engine import TensorSpec
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
 from services.learner.broadcast import (
     BroadcastSettings,

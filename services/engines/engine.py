@@ -135,3 +135,10 @@ class Engine(Protocol):
     async def healthy(self) -> bool: ...
 
     def statistics(self) -> EngineStatistics: ...
+
+    def batch_statistics(self) -> dict[str, float]:
+        """How the engine batches requests on its side: ``decode_steps``, ``decode_rows``,
+        ``rows_per_step``, ``peak_rows``, ``prefill_passes``, ``prefill_prompts``,
+        ``decode_s`` and ``prefill_s``.  Empty for an engine whose server batches out of
+        sight (SGLang): there is nothing of its own to report."""
+        ...

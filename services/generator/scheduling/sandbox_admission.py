@@ -35,7 +35,7 @@ class _Report:
     at: float
 
 
-class SandboxRoom:
+class SandboxAdmission:
     def __init__(self, stale_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         #: A report older than this no longer counts (its instance may be gone).
         self.stale_s = stale_s

@@ -6,14 +6,14 @@
   requests admitted at a step are prefilled together, each prompt's new tokens after its
   own cached prefix, in passes of similar lengths (``Prefill``); a request's KV is
   repeated to its ``n`` rows, and the rows join the running batch, left-padded to the
-  batch's width with per-row positions (:mod:`services.generator.torch_batch`); a
+  batch's width with per-row positions (:mod:`services.engines.torch.batch`); a
   finished row leaves at once.  A decode step on these machines is bound by reading the
   weights, so rows decoded together cost about what one costs alone.  Each request
   samples from its own rows with its own generator, so a seed gives the same draws
   whatever else is in the batch.
 - Weight updates are ordered with requests: an update waits for the requests admitted
   before it, and requests that arrive meanwhile wait for the update.
-- Prefix cache: a token-level radix tree (:mod:`services.generator.radix`) of per-token
+- Prefix cache: a token-level radix tree (:mod:`services.engines.torch.radix`) of per-token
   KV.  The longest cached prefix of ``prompt[:-1]`` is reused (at least one prompt token
   always runs, to get the logits of the first new token).  After prefill the prompt is
   stored; when a sample finishes, prompt + its output (all but the last token, whose KV was
@@ -26,6 +26,9 @@
   its output with its logprob (the policy chose to stop; the learner trains on it).
 - ``cached_tokens`` of a sample = prompt tokens whose KV came from the prefix cache; the
   statistics count each request's prompt once (it is prefilled once for all ``n`` samples).
+
+A request's rows, job and prefix-cache lease are in :mod:`services.engines.torch.jobs`;
+sampling in :mod:`services.engines.torch.sampling`.
 """
 
 from __future__ import annotations
@@ -34,30 +37,28 @@ import asyncio
 import concurrent.futures
 import inspect
 import itertools
-import json
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from services.generator import cpu_attention, linear_forms
-from services.generator.engine import (
+from services.engines.engine import (
     EngineCounters,
     EngineError,
     EngineStatistics,
-    FinishKind,
     GenerateRequest,
     InvalidRequestError,
     Sample,
-    Sampling,
     WeightUpdateError,
 )
-from services.generator.radix import Match, Node, RadixCache, RadixStatistics, common_prefix
-from services.generator.torch_batch import Batch, Prefill, full_attention, prefill_groups
+from services.engines.torch import attention, linear_forms
+from services.engines.torch.batch import Batch, Prefill, full_attention, prefill_groups
+from services.engines.torch.jobs import Job, Lease, Row, append_token, eos_ids, resolve
+from services.engines.torch.radix import RadixCache, RadixStatistics, common_prefix
+from services.engines.torch.sampling import sample_tokens, seeded_generator
 from services.model.load import default_device, default_dtype, load_causal_lm
 from services.model.weights import (
     apply_state_dict,
@@ -90,40 +91,8 @@ PREFILL_SLACK = 0.25
 MIN_SHARED_TOKENS = 32
 
 
-@dataclass
-class _Row:
-    """One sample being decoded."""
-
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: FinishKind | None = None
-
-
-@dataclass(eq=False)
-class _Job:
-    """A request from admission to its samples.
-
-    ``done`` belongs to the event loop; the rest to the worker thread once admitted.
-    """
-
-    request: GenerateRequest
-    done: asyncio.Future[tuple[list[Sample], int]]
-    cancel: threading.Event = field(default_factory=threading.Event)
-    prompt: list[int] = field(default_factory=list)
-    rows: list[_Row] = field(default_factory=list)
-    lease: _Lease | None = None
-    generator: torch.Generator | None = None
-    stop: frozenset[int] = frozenset()
-    budget: int = 0
-    result: tuple[list[Sample], int] | None = None
-
-    @property
-    def finished(self) -> bool:
-        return all(row.finish is not None for row in self.rows)
-
-
 class TorchEngine:
-    """:class:`~services.generator.engine.Engine` over a local transformers model."""
+    """:class:`~services.engines.engine.Engine` over a local transformers model."""
 
     name = "torch"
 
@@ -144,7 +113,7 @@ class TorchEngine:
         self.cache_bytes = cache_bytes
         self.cache_outputs = cache_outputs
         #: On a CPU, time the two forms of each linear layer's few-row products at load
-        #: and use the faster (:mod:`services.generator.linear_forms`).
+        #: and use the faster (:mod:`services.engines.torch.linear_forms`).
         self.tune_linears = tune_linears and self.device.type == "cpu"
         #: Per weight shape, the row counts switched to the transposed form (and the
         #: rows it computes for them).
@@ -160,11 +129,11 @@ class TorchEngine:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-engine")
         # FIFO for admissions and weight updates: an update waits for requests that came first.
         self._admission = asyncio.Lock()
-        self._waiting: list[_Job] = []
+        self._waiting: list[Job] = []
         self._serving: asyncio.Task[None] | None = None
         self._quiet = asyncio.Event()  # set: no request admitted and unfinished
         self._quiet.set()
-        self._batch: Batch[_Job] = Batch(self.device)
+        self._batch: Batch[Job] = Batch(self.device)
         self._batchable = True
         self._mask_dtype = torch.bool
         self.decode_steps = 0
@@ -200,7 +169,7 @@ class TorchEngine:
         self._check_request(request)
         async with self._admission:
             self._check_open()
-            job = _Job(request, asyncio.get_running_loop().create_future())
+            job = Job(request, asyncio.get_running_loop().create_future())
             self._waiting.append(job)
             self._serve_soon()
         try:
@@ -233,8 +202,6 @@ class TorchEngine:
     def statistics(self) -> EngineStatistics:
         return self._counters.snapshot(self._version)
 
-    # ------------------------------------------------------------------ extras
-
     def batch_statistics(self) -> dict[str, float]:
         """Decode steps so far, the rows they carried, the most rows in one step; prefill
         passes and the prompts they ran."""
@@ -249,6 +216,8 @@ class TorchEngine:
             "decode_s": self.stages.seconds.get("decode", 0.0),
             "prefill_s": self.stages.seconds.get("prefill", 0.0),
         }
+
+    # ------------------------------------------------------------------ extras
 
     def cache_statistics(self) -> RadixStatistics:
         """The prefix cache's own figures (all zero when it is disabled)."""
@@ -287,13 +256,13 @@ class TorchEngine:
                     self._fail(admitted, EngineError(f"torch engine failed: {exc!r}"))
                     continue
                 for job in finished:
-                    _resolve(job)
+                    resolve(job)
             if self._closed:
                 self._fail([], EngineError("torch engine closed during the request"))
         finally:
             self._quiet.set()
 
-    def _admissible(self) -> list[_Job]:
+    def _admissible(self) -> list[Job]:
         """The waiting requests that join at the next step: all of them, or one at a time
         for a model whose layers cannot be left-padded (sliding window, recurrent)."""
         if self._batchable:
@@ -304,7 +273,7 @@ class TorchEngine:
             admitted, self._waiting = self._waiting[:1], self._waiting[1:]
         return admitted
 
-    def _fail(self, admitted: list[_Job], error: EngineError) -> None:
+    def _fail(self, admitted: list[Job], error: EngineError) -> None:
         """Every unfinished request fails with ``error``; the batch starts afresh.
 
         Only between steps, while the worker thread is idle.
@@ -359,10 +328,10 @@ class TorchEngine:
         # transformers 5 renamed ``past_key_values`` to ``cache`` (old name deprecated).
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._eos = _eos_ids(self.model_dir, model)
+        self._eos = eos_ids(self.model_dir, model)
         self._batchable = full_attention(DynamicCache(config=model.config))
         if self.device.type == "cpu" and model.config._attn_implementation == "sdpa":
-            model.set_attn_implementation(cpu_attention.register())
+            model.set_attn_implementation(attention.register())
         # SDPA takes a boolean mask (a quarter of a float32 one); eager attention adds it.
         eager = model.config._attn_implementation == "eager"
         self._mask_dtype = self.dtype if eager else torch.bool
@@ -413,7 +382,7 @@ class TorchEngine:
         self._version = version
 
     @torch.inference_mode()
-    def _step(self, admitted: list[_Job]) -> list[_Job]:
+    def _step(self, admitted: list[Job]) -> list[Job]:
         """One step: every decoding row gets its next token, new requests their first.
 
         Returns the requests that finished (their ``result`` set).
@@ -422,8 +391,8 @@ class TorchEngine:
         if self._batch:
             with self.stages.stage("decode"):
                 self._advance()
-        at_once: list[_Job] = []
-        ready: list[_Job] = []
+        at_once: list[Job] = []
+        ready: list[Job] = []
         for job in admitted:
             if job.cancel.is_set():
                 continue
@@ -431,14 +400,14 @@ class TorchEngine:
         while ready:
             wave, ready = self._first_wave(ready)
             for job in wave:
-                job.lease = _Lease(self._prefix, job.prompt, self._new_cache).acquire()
+                job.lease = Lease(self._prefix, job.prompt, self._new_cache).acquire()
             suffixes = [len(job.prompt) - self._lease(job).cached for job in wave]
             for group in prefill_groups(suffixes, MAX_PREFILL_TOKENS, PREFILL_SLACK):
                 with self.stages.stage("prefill"):
                     self._prefill([wave[i] for i in group])
         return at_once + self._retire()
 
-    def _first_wave(self, jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:
+    def _first_wave(self, jobs: list[Job]) -> tuple[list[Job], list[Job]]:
         """(the prompts to prefill now, those that wait for them).
 
         Prompts admitted together often share a prefix that is not cached yet (a system
@@ -469,23 +438,23 @@ class TorchEngine:
                 job.lease.release()
         batch.keep(keep)
 
-    def _open(self, job: _Job) -> bool:
+    def _open(self, job: Job) -> bool:
         """Set a request up; False when it has no room for any output (it finishes at
         once, never joining the batch)."""
         request, sampling = job.request, job.request.sampling
         job.prompt = list(request.prompt_ids)
-        job.rows = [_Row() for _ in range(request.n)]
+        job.rows = [Row() for _ in range(request.n)]
         job.budget = min(sampling.max_new_tokens, self.max_context - len(job.prompt))
         if job.budget <= 0:
             for row in job.rows:
                 row.finish = "length"
             job.result = ([self._sample(row, 0) for row in job.rows], 0)
             return False
-        job.generator = _generator(self.device, sampling.seed)
+        job.generator = seeded_generator(self.device, sampling.seed)
         job.stop = self._eos | set(sampling.stop_token_ids)
         return True
 
-    def _prefill(self, jobs: list[_Job]) -> None:
+    def _prefill(self, jobs: list[Job]) -> None:
         """Run the prompts' new tokens in one pass, store their KV, sample each row's
         first token, and join the batch (a request's ``n`` rows share its prefill)."""
         leases = [self._lease(job) for job in jobs]
@@ -512,7 +481,7 @@ class TorchEngine:
         self._batch.join(prefill.cache, members, [lengths[row] for row in order])
 
     @staticmethod
-    def _lease(job: _Job) -> _Lease:
+    def _lease(job: Job) -> Lease:
         assert job.lease is not None, "a request's lease is taken when it is opened"
         return job.lease
 
@@ -527,17 +496,17 @@ class TorchEngine:
         for job, span in batch.spans():
             self._sample_rows(job, batch.rows[span], logits[span])
 
-    def _sample_rows(self, job: _Job, rows: Sequence[int], logits: torch.Tensor) -> None:
+    def _sample_rows(self, job: Job, rows: Sequence[int], logits: torch.Tensor) -> None:
         assert job.generator is not None
         tokens, logprobs = sample_tokens(logits, job.request.sampling, job.generator)
         for r, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
-            _append(job.rows[r], token, logprob, job.stop, job.budget)
+            append_token(job.rows[r], token, logprob, job.stop, job.budget)
 
-    def _retire(self) -> list[_Job]:
+    def _retire(self) -> list[Job]:
         """Store the finished rows' KV, drop them from the batch; the requests done."""
         batch = self._batch
         keep: list[int] = []
-        leaving: list[_Job] = []
+        leaving: list[Job] = []
         for i, (job, r) in enumerate(batch.members()):
             row = job.rows[r]
             if row.finish is None:
@@ -556,13 +525,13 @@ class TorchEngine:
             self._complete(job)
         return done
 
-    def _complete(self, job: _Job) -> None:
+    def _complete(self, job: Job) -> None:
         assert job.lease is not None
         cached = job.lease.cached
         job.lease.release()
         job.result = ([self._sample(row, cached) for row in job.rows], cached)
 
-    def _sample(self, row: _Row, cached: int) -> Sample:
+    def _sample(self, row: Row, cached: int) -> Sample:
         return Sample(
             output_ids=row.output,
             logprobs=row.logprobs,
@@ -578,148 +547,10 @@ class TorchEngine:
                 cache.update(keys.unsqueeze(0), values.unsqueeze(0), layer)
         return cache
 
-    def _forward_batch(self, batch: Batch[_Job], last: list[int]) -> torch.Tensor:
+    def _forward_batch(self, batch: Batch[Job], last: list[int]) -> torch.Tensor:
         return self._logits(**batch.step(last), **{self._cache_kw: batch.cache})
 
     def _logits(self, **inputs: object) -> torch.Tensor:
         out = self._loaded()(use_cache=True, logits_to_keep=1, **inputs)
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits.float()
-
-
-class _Lease:
-    """A request's hold on the prefix cache: its matched KV and the node it pins.
-
-    ``acquire`` on admission, ``release`` once the request leaves the batch (finished,
-    cancelled or failed), so that the tree never evicts what a request still extends.
-    """
-
-    def __init__(
-        self,
-        prefix: RadixCache | None,
-        prompt: list[int],
-        new_cache: Callable[[torch.Tensor | None], DynamicCache],
-    ) -> None:
-        self.prefix = prefix
-        self.prompt = prompt
-        self.new_cache = new_cache
-        self.node: Node | None = None
-        self.cached = 0
-        self.cache = DynamicCache()
-
-    def acquire(self) -> _Lease:
-        match: Match | None = None
-        if self.prefix is not None:
-            # Never the whole prompt: its last token must run to give the next logits.
-            match = self.prefix.match(self.prompt[:-1])
-            self._pin(match.node)
-        self.cached = match.length if match is not None else 0
-        self.cache = self.new_cache(match.value if match is not None else None)
-        return self
-
-    def release(self) -> None:
-        if self.prefix is not None and self.node is not None:
-            self.prefix.unlock(self.node)
-            self.node = None
-
-    def store(self, tokens: list[int], kv: torch.Tensor, offset: int, *, pin: bool = False) -> None:
-        """Insert ``tokens`` whose KV from ``offset`` on is ``kv``.
-
-        ``pin`` moves this request's pin to the stored node (the prompt: every output of
-        the request is stored under it later).
-        """
-        if self.prefix is None or len(tokens) <= offset:
-            return
-        node = self.prefix.insert(tokens, kv, offset=offset)
-        if pin:
-            self._pin(node)
-
-    def _pin(self, node: Node) -> None:
-        assert self.prefix is not None
-        self.prefix.lock(node)
-        if self.node is not None:
-            self.prefix.unlock(self.node)
-        self.node = node
-
-
-def _resolve(job: _Job) -> None:
-    """Hand a finished request its samples (on the event loop's thread)."""
-    if job.result is not None and not job.done.done():
-        job.done.set_result(job.result)
-
-
-# ---------------------------------------------------------------------- sampling
-
-
-def sample_tokens(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids, behaviour logprobs) for each row of float32 ``logits`` [batch, vocab].
-
-    The logprob is taken from the raw distribution (temperature 1, unfiltered) whatever
-    the sampling parameters: it is what the learner recomputes.
-    """
-    logprobs = torch.log_softmax(logits, dim=-1)
-    if sampling.temperature <= 0:
-        tokens = logits.argmax(dim=-1)
-    else:
-        scores = filter_top_p(
-            filter_top_k(logits / sampling.temperature, sampling.top_k), sampling.top_p
-        )
-        probs = torch.softmax(scores, dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-
-
-def filter_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the ``k`` best scores of each row (ties at the k-th kept); -1 or 0 keeps all."""
-    if k <= 0 or k >= scores.shape[-1]:
-        return scores
-    kth = torch.topk(scores, k, dim=-1).values[..., -1:]
-    return scores.masked_fill(scores < kth, float("-inf"))
-
-
-def filter_top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of best tokens whose probability reaches ``p`` (at least one)."""
-    if p >= 1.0:
-        return scores
-    ordered, order = torch.sort(scores, dim=-1, descending=True)
-    probs = torch.softmax(ordered, dim=-1)
-    # A token is dropped when the tokens before it already reach p.
-    drop = (probs.cumsum(dim=-1) - probs) >= p
-    drop[..., 0] = False
-    return scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-
-
-def _append(row: _Row, token: int, logprob: float, stop: frozenset[int], budget: int) -> None:
-    row.output.append(token)
-    row.logprobs.append(logprob)
-    if token in stop:
-        row.finish = "stop"
-    elif len(row.output) >= budget:
-        row.finish = "length"
-
-
-def _generator(device: torch.device, seed: int | None) -> torch.Generator:
-    """A per-request generator: the same seed gives the same samples."""
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
-
-
-def _eos_ids(model_dir: Path, model: PreTrainedModel) -> frozenset[int]:
-    """End-of-sequence ids from generation_config.json and config (int or list in either)."""
-    found: set[int] = set()
-    sources: list[object] = [getattr(model.config, "eos_token_id", None)]
-    generation = model_dir / "generation_config.json"
-    if generation.is_file():
-        sources.append(json.loads(generation.read_text()).get("eos_token_id"))
-    for value in sources:
-        if isinstance(value, int):
-            found.add(value)
-        elif isinstance(value, list):
-            found.update(v for v in value if isinstance(v, int))
-    return frozenset(found)

@@ -1,5 +1,5 @@
-"""Sandbox-aware admission (services/generator/sandbox_room.py): tool-using tasks start
-only while the sandbox pool reports a free session, estimated between reports."""
+"""Sandbox-aware admission (services/generator/scheduling/sandbox_admission.py): tool-using
+tasks start only while the sandbox pool reports a free session, estimated between reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.generator.sandbox_room import FREE_SESSIONS, SandboxRoom
+from services.generator.scheduling.sandbox_admission import FREE_SESSIONS, SandboxAdmission
 
 
 class Clock:
@@ -18,9 +18,9 @@ class Clock:
         return self.now
 
 
-def _room(stale_s: float = 30.0) -> tuple[SandboxRoom, Clock]:
+def _room(stale_s: float = 30.0) -> tuple[SandboxAdmission, Clock]:
     clock = Clock()
-    return SandboxRoom(stale_s, clock=clock), clock
+    return SandboxAdmission(stale_s, clock=clock), clock
 
 
 async def _pending(waiter: asyncio.Future[None]) -> bool:

@@ -6,8 +6,8 @@ one domain (or of one tenant) every other waits for all of it.  With one durable
 flow (filter subject ``temper.v1.task.<tier>.<domain>`` for the default tenant,
 ``temper.v1.task.<tier>.<domain>.<tenant>`` for another; a work-queue stream allows
 such non-overlapping consumers) the generator chooses whose task to take next:
-:class:`~services.generator.fairshare.FairShare` picks among the flows with tasks
-waiting, and a domain in :class:`~services.generator.quarantine.Quarantine` is skipped,
+:class:`~services.generator.scheduling.fairshare.FairShare` picks among the flows with tasks
+waiting, and a domain in :class:`~services.generator.scheduling.quarantine.Quarantine` is skipped,
 every tenant of it (its tasks stay in the stream, neither failed nor dead-lettered)
 except for its probe.  All generator instances share the durables, so each task still
 goes to one of them.
@@ -44,8 +44,8 @@ from protocol import subjects
 from protocol.codec import Codec
 from protocol.errors import SubjectError
 from protocol.messages import Task
-from services.generator.fairshare import FairShare, Flow
-from services.generator.quarantine import Quarantine
+from services.generator.scheduling.fairshare import FairShare, Flow
+from services.generator.scheduling.quarantine import Quarantine
 from services.runtime.bus import Bus
 from services.runtime.consumer import Consumer, ConsumerTuning, Handler, max_deliveries_advisory
 from services.runtime.deadletter import DeadLetters

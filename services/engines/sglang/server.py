@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,9 +23,10 @@ from typing import Final, Self
 
 import aiohttp
 
+from services.runtime.ports import free_port
 from services.runtime.procs import child_preexec, terminate
 
-REPO: Final = Path(__file__).resolve().parents[2]
+REPO: Final = Path(__file__).resolve().parents[3]
 DEPLOY_DIR: Final = REPO / "deploy" / "sglang-cpu"
 DEFAULT_CACHE: Final = Path("/var/cache/temper")
 #: Written by build.sh after a successful build: the python of the newest complete venv.
@@ -89,12 +89,6 @@ def sglang_python(environ: Mapping[str, str]) -> Path | None:
         if (pointed.parents[1] / STAMP_NAME).is_file():
             return pointed
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,7 +255,7 @@ async def _answers(http: aiohttp.ClientSession, url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.generator.sglang_server --model DIR``: serve until Ctrl-C."""
+    """``python -m services.engines.sglang.server --model DIR``: serve until Ctrl-C."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Run a CPU SGLang server for Temper.")

@@ -3,7 +3,7 @@ of each) and quarantine, in-flight counts, and the ``temper domain`` control req
 that change them at run time.
 
 One :class:`DomainScheduler` per generator instance is shared by the intake of every
-tier (:mod:`services.generator.intake`), which asks it whom to take next, and by the
+tier (:mod:`services.generator.scheduling.intake`), which asks it whom to take next, and by the
 task handler, which reports each task's start and its rollouts.
 """
 
@@ -25,9 +25,9 @@ from protocol.messages import (
     ScoreStatus,
     TenantSchedule,
 )
-from services.generator.fairshare import FairShare, Flow
-from services.generator.intake import Fairness
-from services.generator.quarantine import (
+from services.generator.scheduling.fairshare import FairShare, Flow
+from services.generator.scheduling.intake import Fairness
+from services.generator.scheduling.quarantine import (
     DomainState,
     Quarantine,
     Quarantined,

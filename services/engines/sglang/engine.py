@@ -34,23 +34,33 @@ import asyncio
 import contextlib
 import math
 import uuid
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import aiohttp
 import msgspec
 
-from services.generator.engine import (
+from services.engines.engine import (
     EngineCounters,
     EngineError,
     EngineStatistics,
-    FinishKind,
     GenerateRequest,
     Sample,
-    Sampling,
     WeightUpdateError,
+)
+from services.engines.sglang.broadcast import TensorSpec
+from services.engines.sglang.router import StickyRouter
+from services.engines.sglang.wire import (
+    Meta,
+    ModelInfo,
+    Output,
+    error_detail,
+    finish_kind,
+    generate_payload,
+    model_info_decoder,
+    outputs_decoder,
+    probed_logprob,
 )
 from services.runtime.logs import get_logger
 
@@ -110,130 +120,6 @@ class SGLangSample(Sample):
     version_spans: tuple[VersionSpan, ...] = ()
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """One parameter of a broadcast weight update, in broadcast order."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-
-# ---------------------------------------------------------------- wire types (SGLang's JSON)
-
-
-class _Finish(msgspec.Struct):
-    type: str
-    message: str | None = None
-
-
-class _Span(msgspec.Struct):
-    version: str
-    start: int
-    end: int
-
-
-class _Meta(msgspec.Struct):
-    id: str
-    output_token_logprobs: list[tuple[float, int, Any]]
-    finish_reason: _Finish | None = None
-    cached_tokens: int = 0
-    prompt_tokens: int = 0
-    weight_version: str | None = None
-    weight_versions: list[_Span] | None = None
-    output_token_ids_logprobs: list[list[tuple[float, int, Any]] | None] | None = None
-
-
-class _Output(msgspec.Struct):
-    output_ids: list[int]
-    meta_info: _Meta
-
-
-class _ModelInfo(msgspec.Struct):
-    model_path: str
-    weight_version: str | None = None
-
-
-_outputs_decoder = msgspec.json.Decoder(list[_Output])
-_model_info_decoder = msgspec.json.Decoder(_ModelInfo)
-
-
-# ---------------------------------------------------------------- routing
-
-
-@dataclass
-class _ServerState:
-    url: str
-    in_flight: int = 0
-    requests: int = 0
-    healthy: bool = True
-    version: int = 0
-
-
-class StickyRouter:
-    """Chooses a server per request: sticky by trajectory, else least requests in flight.
-
-    Pure bookkeeping (no I/O), so it is tested without servers.  When every server is
-    marked unhealthy all are candidates again: a mark is a hint, and a server that comes
-    back is used without waiting for a health probe.
-    """
-
-    def __init__(self, urls: Sequence[str], capacity: int = 65_536) -> None:
-        if not urls:
-            raise ValueError("StickyRouter needs at least one server")
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"duplicate server URLs: {list(urls)}")
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
-        self.servers: dict[str, _ServerState] = {url: _ServerState(url) for url in urls}
-        self.capacity = capacity
-        self._sticky: OrderedDict[str, str] = OrderedDict()
-
-    def choose(self, trajectory_id: str = "") -> str:
-        """The server for the next request of ``trajectory_id`` ("" = no stickiness)."""
-        pinned = self._sticky.get(trajectory_id) if trajectory_id else None
-        if pinned is not None and self.servers[pinned].healthy:
-            self._sticky.move_to_end(trajectory_id)
-            return pinned
-        url = self._least_loaded()
-        if trajectory_id:
-            self._sticky[trajectory_id] = url
-            self._sticky.move_to_end(trajectory_id)
-            while len(self._sticky) > self.capacity:
-                self._sticky.popitem(last=False)
-        return url
-
-    def _least_loaded(self) -> str:
-        states = list(self.servers.values())
-        candidates = [s for s in states if s.healthy] or states
-        # Ties go to the server that served fewer requests, then to list order.
-        return min(candidates, key=lambda s: (s.in_flight, s.requests)).url
-
-    @contextlib.contextmanager
-    def lease(self, trajectory_id: str = "") -> Iterator[str]:
-        """Choose a server and count the request as in flight on it until the block ends."""
-        url = self.choose(trajectory_id)
-        state = self.servers[url]
-        state.in_flight += 1
-        state.requests += 1
-        try:
-            yield url
-        finally:
-            state.in_flight -= 1
-
-    def pinned(self, trajectory_id: str) -> str | None:
-        return self._sticky.get(trajectory_id)
-
-    def forget(self, trajectory_id: str) -> None:
-        self._sticky.pop(trajectory_id, None)
-
-    def mark(self, url: str, *, healthy: bool) -> None:
-        self.servers[url].healthy = healthy
-
-    def __len__(self) -> int:
-        return len(self._sticky)
-
-
 # ---------------------------------------------------------------- the engine
 
 
@@ -243,7 +129,7 @@ class _Counters(EngineCounters):
 
 
 class SGLangEngine:
-    """The :class:`~services.generator.engine.Engine` over one or more SGLang servers."""
+    """The :class:`~services.engines.engine.Engine` over one or more SGLang servers."""
 
     name = "sglang"
 
@@ -306,7 +192,7 @@ class SGLangEngine:
         cold, hot = [
             (await self._generate_raw(url, self._probe_payload(t, token)))[0] for t in (0.5, 2.0)
         ]
-        values = [_probed_logprob(out, token, url) for out in (cold, hot)]
+        values = [probed_logprob(out, token, url) for out in (cold, hot)]
         if abs(values[0] - values[1]) > RAW_LOGPROB_TOLERANCE:
             raise EngineError(
                 f"SGLang {url} returns temperature-scaled logprobs (token {token}: "
@@ -338,7 +224,7 @@ class SGLangEngine:
             rids = [
                 f"{request.trajectory_id or 'req'}-{uuid.uuid4().hex}-{i}" for i in range(request.n)
             ]
-            payload = _generate_payload(request, rids)
+            payload = generate_payload(request, rids)
             try:
                 outputs = await self._generate_raw(url, payload, rids=rids)
             except SGLangHTTPError as error:
@@ -352,7 +238,7 @@ class SGLangEngine:
 
     async def _generate_raw(
         self, url: str, payload: dict[str, Any], rids: Sequence[str] = ()
-    ) -> list[_Output]:
+    ) -> list[Output]:
         timeout = self.settings.request_timeout_s
         try:
             body = await self._request(url, "POST", "/generate", payload, timeout)
@@ -362,7 +248,7 @@ class SGLangEngine:
                 await self._abort(url, rids)
             raise
         try:
-            outputs = _outputs_decoder.decode(body)
+            outputs = outputs_decoder.decode(body)
         except msgspec.ValidationError as error:
             raise EngineError(f"SGLang {url}/generate: unexpected answer: {error}") from error
         except msgspec.DecodeError as error:
@@ -372,7 +258,7 @@ class SGLangEngine:
             raise EngineError(f"SGLang {url}/generate: {len(outputs)} outputs for {count} prompts")
         return outputs
 
-    def _sample(self, url: str, out: _Output, rid: str) -> SGLangSample:
+    def _sample(self, url: str, out: Output, rid: str) -> SGLangSample:
         meta = out.meta_info
         logprobs = [entry[0] for entry in meta.output_token_logprobs]
         ids = [entry[1] for entry in meta.output_token_logprobs]
@@ -387,14 +273,14 @@ class SGLangEngine:
         return SGLangSample(
             output_ids=list(out.output_ids),
             logprobs=logprobs,
-            finish=_finish(meta.finish_reason),
+            finish=finish_kind(meta.finish_reason),
             cached_tokens=meta.cached_tokens,
             version=min(span.version for span in spans),
             version_spans=spans,
             server=url,
         )
 
-    def _spans(self, url: str, meta: _Meta, length: int) -> tuple[VersionSpan, ...]:
+    def _spans(self, url: str, meta: Meta, length: int) -> tuple[VersionSpan, ...]:
         if meta.weight_versions:
             return tuple(
                 VersionSpan(self._parse_version(s.version), s.start, s.end)
@@ -597,7 +483,7 @@ class SGLangEngine:
     async def abort(self, url: str, rid: str) -> None:
         await self._control(url, "/abort_request", {"rid": rid})
 
-    async def model_info(self, url: str) -> _ModelInfo:
+    async def model_info(self, url: str) -> ModelInfo:
         try:
             body = await self._request(
                 url, "GET", "/model_info", None, self.settings.control_timeout_s
@@ -609,7 +495,7 @@ class SGLangEngine:
                 url, "GET", "/get_model_info", None, self.settings.control_timeout_s
             )
         try:
-            return _model_info_decoder.decode(body)
+            return model_info_decoder.decode(body)
         except msgspec.MsgspecError as error:
             raise EngineError(f"SGLang {url}/model_info: unexpected answer: {error}") from error
 
@@ -655,7 +541,7 @@ class SGLangEngine:
             ) as response:
                 body = await response.read()
                 if response.status >= 400:
-                    raise SGLangHTTPError(url, path, response.status, _detail(body))
+                    raise SGLangHTTPError(url, path, response.status, error_detail(body))
                 return body
         except TimeoutError:
             raise SGLangHTTPError(url, path, None, f"timed out after {timeout_s:g}s") from None
@@ -668,6 +554,10 @@ class SGLangEngine:
         # The version every server serves; the oldest when an update failed on some.
         return self._counters.snapshot(min(s.version for s in self.router.servers.values()))
 
+    def batch_statistics(self) -> dict[str, float]:
+        # The servers batch on their side and report it in their own metrics.
+        return {}
+
     def requests_per_server(self) -> dict[str, int]:
         return dict(self._counters.per_server_requests)
 
@@ -675,155 +565,6 @@ class SGLangEngine:
         return self.router.servers[url.rstrip("/")].version
 
 
-# ---------------------------------------------------------------- helpers
-
-
-def _generate_payload(request: GenerateRequest, rids: Sequence[str]) -> dict[str, Any]:
-    n = request.n
-    return {
-        "input_ids": [list(request.prompt_ids)] * n,
-        "sampling_params": [_sampling_params(request.sampling, i) for i in range(n)],
-        "return_logprob": True,
-        "logprob_start_len": -1,
-        "rid": list(rids),
-    }
-
-
-def _sampling_params(sampling: Sampling, index: int) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "max_new_tokens": sampling.max_new_tokens,
-        # Token ids in, token ids out: no text post-processing of the output.
-        "skip_special_tokens": False,
-        "no_stop_trim": True,
-    }
-    if sampling.stop_token_ids:
-        params["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.seed is not None:
-        # One seed per sample: the same seed for all would give n identical samples.
-        params["sampling_seed"] = sampling.seed + index
-    return params
-
-
 def _is_outage(error: SGLangHTTPError) -> bool:
     """The server is down or broken (not: it refused this particular request)."""
     return error.status is None or error.status >= 500
-
-
-_FINISH: Final[dict[str, FinishKind]] = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-def _finish(reason: _Finish | None) -> FinishKind:
-    # No reason, or one this client does not know: the sample did not end normally.
-    return _FINISH.get(reason.type, "abort") if reason is not None else "abort"
-
-
-def _probed_logprob(out: _Output, token: int, url: str) -> float:
-    entries = out.meta_info.output_token_ids_logprobs or [None]
-    first = entries[0]
-    if not first:
-        raise EngineError(f"SGLang {url}: no token_ids_logprob in the answer")
-    value, probed, _ = first[0]
-    if probed != token:
-        raise EngineError(f"SGLang {url}: asked the logprob of token {token}, got {probed}")
-    return float(value)
-
-
-def _detail(body: bytes) -> str:
-    text = body.decode(errors="replace").strip()
-    with contextlib.suppress(msgspec.DecodeError):
-        answer = msgspec.json.decode(body)
-        if isinstance(answer, dict):
-            for key in ("message", "error", "detail"):
-                if key in answer:
-                    text = str(answer[key])
-                    break
-    return text[:500] or "(empty body)"
-
-
-# ---------------------------------------------------------------- the learner's side
-
-
-class GlooWeightSender:
-    """Rank 0 of a weight-update process group: broadcasts tensors to SGLang servers.
-
-    The learner's half of :meth:`SGLangEngine.load_weights_from_distributed`.  SGLang
-    builds its side with ``init_custom_process_group`` (a TCP rendezvous whose store is
-    prefixed with the group name); this builds the matching group the same way with the
-    same torch calls, so both ends agree on rendezvous keys and collective order.  Both
-    must run the same torch release.  Blocking calls: run them in a thread next to the
-    engine's coroutine (``asyncio.to_thread``).
-    """
-
-    def __init__(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        world_size: int,
-        group_name: str = "temper_weights",
-        backend: str = "gloo",
-        timeout_s: float = 300.0,
-    ) -> None:
-        self.master_address = master_address
-        self.master_port = master_port
-        self.world_size = world_size
-        self.group_name = group_name
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self._group: Any = None
-
-    def connect(self) -> None:
-        """Host the rendezvous and wait for every server to join (blocking)."""
-        import datetime
-
-        from torch.distributed.distributed_c10d import (
-            Backend,
-            GroupName,
-            PrefixStore,
-            _new_process_group_helper,
-            _world,
-        )
-        from torch.distributed.rendezvous import rendezvous
-
-        timeout = datetime.timedelta(seconds=self.timeout_s)
-        # Rank 0 of a tcp:// rendezvous hosts the store the servers connect to.
-        init_method = f"tcp://{self.master_address}:{self.master_port}"
-        store, _, _ = next(rendezvous(init_method, 0, self.world_size, timeout=timeout))
-        group, _ = _new_process_group_helper(
-            self.world_size,
-            0,
-            [],
-            Backend(self.backend),
-            PrefixStore(self.group_name, store),
-            group_name=GroupName(self.group_name),
-            timeout=timeout,
-        )
-        # Group ranks equal global ranks here, as on SGLang's side.
-        _world.pg_group_ranks[group] = {rank: rank for rank in range(self.world_size)}
-        self._group = group
-
-    @staticmethod
-    def specs(named_tensors: Sequence[tuple[str, Any]]) -> list[TensorSpec]:
-        return [
-            TensorSpec(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
-            for name, tensor in named_tensors
-        ]
-
-    def broadcast(self, named_tensors: Sequence[tuple[str, Any]]) -> None:
-        """Send each tensor from rank 0, in order (blocking until all servers received)."""
-        import torch.distributed
-
-        if self._group is None:
-            raise EngineError("GlooWeightSender.broadcast before connect()")
-        for _, tensor in named_tensors:
-            torch.distributed.broadcast(tensor.contiguous(), src=0, group=self._group)
-
-    def close(self) -> None:
-        import torch.distributed
-
-        group, self._group = self._group, None
-        if group is not None:
-            torch.distributed.destroy_process_group(group)

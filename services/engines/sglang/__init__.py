@@ -1,0 +1,1 @@
+"""The SGLang engine: HTTP client, sticky router, weight broadcast and server launcher."""

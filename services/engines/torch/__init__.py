@@ -1,0 +1,1 @@
+"""The embedded torch engine and its kernels: batching, prefix cache, attention, sampling."""

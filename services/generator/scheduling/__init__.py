@@ -1,0 +1,1 @@
+"""Which task the generator runs next: intake, fair share, quarantine, preemption and admission."""
