@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from services.generator.scheduling.scheduler import SchedulingSettings
 from services.runtime.settings import RuntimeSettings
 
-ENGINES = ("torch", "sglang")
+EngineName = Literal["torch", "sglang"]
 #: Torch engine weight and activation types; empty: bfloat16 on a GPU, float32 on a CPU.
-DTYPES = ("", "float32", "bfloat16", "float16")
-TOOLBOXES = ("sandbox", "local")
+DtypeName = Literal["", "float32", "bfloat16", "float16"]
+Toolbox = Literal["sandbox", "local"]
+ENGINES: tuple[str, ...] = get_args(EngineName)
+DTYPES: tuple[str, ...] = get_args(DtypeName)
+TOOLBOXES: tuple[str, ...] = get_args(Toolbox)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +24,7 @@ class GeneratorSettings:
     #: Hugging Face model directory (``temper model init DIR`` makes a tiny one).
     model: Path = Path("models/tiny")
     #: ``torch`` (embedded, CPU or one GPU) or ``sglang`` (servers at ``sglang_urls``).
-    engine: str = "torch"
+    engine: EngineName = "torch"
     sglang_urls: tuple[str, ...] = ()
     #: At start, refuse SGLang servers whose logprobs are temperature-scaled (importance
     #: ratios against them would be wrong).  Off only where every task samples at
@@ -31,7 +35,7 @@ class GeneratorSettings:
     #: Torch engine dtype (``float32``, ``bfloat16``, ``float16``); empty: bfloat16 on a GPU,
     #: float32 on a CPU, where behaviour logprobs then match a float32 learner's.
     #: ``bfloat16`` is about 2x faster on CPUs with AVX512-BF16, slower on others.
-    dtype: str = ""
+    dtype: DtypeName = ""
     #: On a CPU, time both forms of the linear layers' few-row products (decode steps)
     #: when the model loads and use the faster per weight shape (about 1.7 s at start-up
     #: for a 20M-parameter model, none under 16 MB of weights; results agree to float
@@ -54,7 +58,7 @@ class GeneratorSettings:
     #: Prompt plus completion when the task does not say; never more than the model's context.
     max_total_tokens: int = 2048
     #: ``sandbox`` runs tool calls in the sandbox service; ``local`` are in-process test tools.
-    tools: str = "sandbox"
+    tools: Toolbox = "sandbox"
     tool_timeout_s: float = 60.0
     #: Hold a tool-using task until the sandbox pool reports a free session for it.
     sandbox_admission: bool = True
