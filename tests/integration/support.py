@@ -139,6 +139,25 @@ def counter(service: Service, name: str, **labels: str) -> float:
     return 0.0 if value is None else float(value)
 
 
+def raise_if_crashed(*services: Service) -> None:
+    """Fail at once, with the reason, when a service's work died: waiting on it would only
+    run into the test's timeout and say nothing."""
+    for service in services:
+        if service.crashed.is_set():
+            raise AssertionError(f"{service.name} crashed: {service.failure!r}") from (
+                service.failure
+            )
+
+
+def describe(*services: Service) -> str:
+    """Each service's state and health detail, for a failure message."""
+    parts = []
+    for service in services:
+        healthy, detail = service.health()
+        parts.append(f"{service.name}: {service.state.value} healthy={healthy} {detail}")
+    return "; ".join(parts)
+
+
 def make_task(i: int | str) -> Task:
     return Task(id=f"t{i}", domain=DOMAIN, prompt=[ChatMessage(role="user", content=f"task {i}")])
 

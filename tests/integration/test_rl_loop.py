@@ -21,7 +21,7 @@ from services.learner.service import LearnerService, LearnerSettings
 from services.replay.service import ReplayService, ReplaySettings
 from services.validator.service import ValidatorService
 from services.validator.settings import ValidatorSettings
-from tests.integration.support import client, runtime
+from tests.integration.support import client, describe, raise_if_crashed, runtime
 
 
 def _tasks(count: int, seed: int) -> list[Task]:
@@ -86,15 +86,26 @@ async def test_policy_versions_flow_back_to_the_generator(
             # Tasks keep coming, as in a run: the first ones may all be generated before
             # the learner's first step, and only later ones can carry a newer version.
             rounds = iter(range(1, 1000))
-            async with asyncio.timeout(240):
-                while not any((s.rollout.policy_version or 0) >= 1 for s in scored):
-                    for task in _tasks(4, seed=next(rounds)):
-                        await js.publish(
-                            subjects.of_task(task),
-                            encode(task),
-                            headers={"Nats-Msg-Id": task.id},
-                        )
-                    await asyncio.sleep(0.5)
+            services = (generator, validator, replay, learner)
+            deadline = asyncio.get_running_loop().time() + 150
+            while not any((s.rollout.policy_version or 0) >= 1 for s in scored):
+                raise_if_crashed(*services)
+                if asyncio.get_running_loop().time() > deadline:
+                    # Printed as well as raised: a stop that hangs afterwards still shows it.
+                    state = (
+                        f"no rollout of version >= 1 after 150 s: learner step "
+                        f"{learner.trainer.step}, generator version {generator.version}, "
+                        f"{len(scored)} scored, {len(updates)} updates; {describe(*services)}"
+                    )
+                    print(state, flush=True)
+                    pytest.fail(state)
+                for task in _tasks(4, seed=next(rounds)):
+                    await js.publish(
+                        subjects.of_task(task),
+                        encode(task),
+                        headers={"Nats-Msg-Id": task.id},
+                    )
+                await asyncio.sleep(0.5)
             assert learner.trainer.step >= 1
             assert generator.version >= 1
 
