@@ -1,7 +1,7 @@
 """End to end, side by side in one run: Temper's embedded stack vs Hugging Face TRL.
 
 Both train the same warmed-up tiny policy (``temper train --warmup-only``) on the
-learning demo's domain (``arithmetic_sum3``: sums of three single-digit numbers) with the
+learning demo's domain (``arithmetic_sum4``: sums of four single-digit numbers) with the
 same prompts, reward rule (the first ``<answer>`` tag equals the sum), group size,
 samples per step, learning rate and its schedule (linear to a tenth over 600
 steps), max new tokens, sampling temperature 1, float32 and no
@@ -44,7 +44,7 @@ from services.domains import load_registry  # noqa: E402
 from services.evaluation.heldout import HeldoutSet  # noqa: E402
 from services.model.greedy import heldout_greedy_accuracy  # noqa: E402
 
-DOMAIN = "arithmetic_sum3"
+DOMAIN = "arithmetic_sum4"
 GROUP, BATCH, LR = 8, 256, 3e-4
 #: ``temper train``'s default schedule, given to TRL too: linear to a tenth over 600 steps.
 LR_DECAY_STEPS, LR_FINAL = 600, 0.1
@@ -108,7 +108,9 @@ def run_trl(out: Path, model: Path, minutes: float, threads: int) -> Side:
 
 def _trl_spec(model: Path, minutes: float, threads: int) -> dict[str, Any]:
     domain = load_registry(None).get(DOMAIN)
-    problems = {p.key: p for p in domain.problems(20_000, split="train", seed=0)}.values()
+    # One row per spelling, as Temper's feeder draws them: the key would fold `4+9+3` and
+    # `3+9+4` into one problem and leave TRL fewer prompts than Temper trains on.
+    problems = {p.question: p for p in domain.problems(20_000, split="train", seed=0)}.values()
     train = [
         {
             "messages": [

@@ -29,10 +29,31 @@ TESTS = Path(__file__).resolve().parent
 TIERS = {"unit": "unit", "integration": "integration", "adversarial": "integration"}
 
 
+#: Under ``pytest -n`` (``--dist loadgroup``), the tests that share a heavy session resource
+#: run on one worker, one after another: one CPU SGLang server per run instead of one per
+#: worker, and the sandbox tests (Docker) never contend with each other for the engine.
+GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("sglang", frozenset({"sglang_python", "sglang_server_factory"})),
+    ("docker", frozenset({"sandbox_image"})),
+)
+#: Files in a group by what they run rather than by a fixture (the compose stack's own image).
+FILE_GROUPS: dict[str, str] = {"test_compose.py": "docker"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = item.path.relative_to(TESTS).parts[0]
         item.add_marker(TIERS.get(folder, "integration"))
+        group = _group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _group(item: pytest.Item) -> str:
+    """The first group whose fixtures ``item`` uses (directly or through its fixtures)."""
+    used = set(getattr(item, "fixturenames", ()))
+    by_fixture = next((name for name, fixtures in GROUPS if used & fixtures), "")
+    return by_fixture or FILE_GROUPS.get(item.path.name, "")
 
 
 @pytest.fixture

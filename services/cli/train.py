@@ -1,11 +1,16 @@
-"""``temper train``: the embedded stack trains the tiny policy on a domain and shows it learning.
+"""``temper train``: the embedded stack trains a policy on a mix of domains and shows it learning.
 
 One command runs everything on this machine: nats-server, generator (torch engine),
-validator, replay and learner, plus a feeder that keeps tasks of the domain flowing.
-The domain's held-out problems (its eval split, never trained on) are evaluated through
-the same stack at the eval tier: at the start, every ``--eval-every`` versions and at
-the end.  A progress bar shows steps, trained samples/s, reward and held-out accuracy;
-``RUN_DIR`` gets ``eval/heldout.jsonl``, TensorBoard scalars and ``train.png``.
+validator, replay and learner, plus a feeder that keeps tasks of the mix flowing, drawn
+by domain weight.  The eval domains' held-out problems (their eval splits, never trained
+on) are evaluated through the same stack at the eval tier: at the start, every
+``--eval-every`` versions and at the end.  A progress bar shows steps, trained
+samples/s, reward and held-out accuracy; ``RUN_DIR`` gets ``eval/heldout.jsonl`` (a line
+per domain per evaluation; ``heldout_macro.jsonl``, their macro average, with several
+domains), TensorBoard scalars and ``train.png``.
+
+Settings come from ``--config RUN.toml`` (services/cli/runconfig; every key is also a
+flag, and a flag wins) and ``--print-config`` shows what a run would use.
 """
 
 from __future__ import annotations
@@ -13,34 +18,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
-from protocol import subjects
-from protocol.codec import encode
-from protocol.messages import Task
 from services.cli.common import CliError, connect, run, stop_event
+from services.cli.runconfig import (
+    RunConfigError,
+    RunDomains,
+    TrainPlan,
+    add_flags,
+    load_domains,
+    plan_of,
+    to_toml,
+)
 from services.cli.stack_stats import LastStats
-from services.cli.train_view import Progress, heldout_line, plot, say, summary
+from services.cli.train_feeder import Feeder, FeedPlan
+from services.cli.train_policy import prepare_policy
+from services.cli.train_view import Progress, heldout_lines, plot, say, summary
 from services.evaluation.heldout import HeldoutSet
-from services.evaluation.runner import HeldoutRunner
-from services.evaluation.suite import tier_scalars
+from services.evaluation.runner import HeldoutRunner, RoundResult
+from services.evaluation.suite import domains_needing_sandbox, tier_scalars
 from services.runtime.natsserver import NatsServerError
 from services.supervisor import StackSettings, Supervisor
 
-if TYPE_CHECKING:
-    from services.domains import Domain
-    from services.model.sft import WarmupConfig
+__all__ = ["SERVICES", "TrainPlan", "cmd_train", "prepare_policy", "register"]
 
 SERVICES = ("control", "generator", "validator", "replay", "learner")
-_GIVE_UP_S = 300.0
 #: Longest wait for the final held-out evaluation once training time is up.
 _FINAL_EVAL_S = 180.0
 
@@ -49,50 +60,7 @@ def register(commands: Any) -> None:
     train = commands.add_parser(
         "train", help="train the tiny policy on the embedded stack and show the reward rising"
     )
-    train.add_argument("--run-dir", type=Path, default=Path("run/train"))
-    train.add_argument("--nats-port", type=int, default=4223)
-    train.add_argument("--domain", default="arithmetic_sum3")
-    train.add_argument("--minutes", type=float, default=10.0, help="train for this long")
-    train.add_argument(
-        "--max-steps", type=int, default=0, help="stop after this many learner steps (0: no limit)"
-    )
-    train.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
-    train.add_argument("--in-flight", type=int, default=64, help="tasks kept outstanding")
-    train.add_argument("--batch", type=int, default=256, help="samples per learner step")
-    train.add_argument("--minibatches", type=int, default=2, help="optimizer steps per batch")
-    train.add_argument("--lr", type=float, default=3e-4)
-    train.add_argument(
-        "--lr-decay-steps",
-        type=int,
-        default=600,
-        help="the learning rate falls linearly to a tenth over this many steps (0: constant)",
-    )
-    train.add_argument(
-        "--max-staleness",
-        type=int,
-        default=2,
-        help="policy versions a sample may lag the learner when trained on (admission and "
-        "replay bound); 0 trains on-policy: generation waits for each new version",
-    )
-    train.add_argument(
-        "--warmup-steps", type=int, default=600, help="most supervised steps (0: none)"
-    )
-    train.add_argument(
-        "--warmup-target",
-        type=float,
-        default=0.25,
-        help="the warm-up stops when greedy accuracy on train problems reaches this "
-        "(0: no target, all --warmup-steps)",
-    )
-    train.add_argument(
-        "--eval-every",
-        type=int,
-        default=40,
-        help="held-out evaluation every N policy versions (0: only at the start and the end)",
-    )
-    train.add_argument(
-        "--eval-samples", type=int, default=4, help="sampled answers per held-out problem (pass@k)"
-    )
+    add_flags(train)
     train.add_argument("--fresh", action="store_true", help="start over (delete RUN_DIR)")
     train.add_argument(
         "--warmup-only", action="store_true", help="build and warm up the start policy, then stop"
@@ -100,132 +68,49 @@ def register(commands: Any) -> None:
     train.set_defaults(run=cmd_train)
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainPlan:
-    run_dir: Path
-    nats_port: int
-    domain: str
-    minutes: float
-    max_steps: int
-    group: int
-    in_flight: int
-    batch: int
-    minibatches: int
-    lr: float
-    lr_decay_steps: int
-    max_staleness: int
-    warmup_steps: int
-    warmup_target: float
-    eval_every: int
-    eval_samples: int
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    plan = TrainPlan(
-        run_dir=args.run_dir.resolve(),
-        nats_port=args.nats_port,
-        domain=args.domain,
-        minutes=args.minutes,
-        max_steps=args.max_steps,
-        group=args.group,
-        in_flight=args.in_flight,
-        batch=args.batch,
-        minibatches=args.minibatches,
-        lr=args.lr,
-        lr_decay_steps=args.lr_decay_steps,
-        max_staleness=args.max_staleness,
-        warmup_steps=args.warmup_steps,
-        warmup_target=args.warmup_target,
-        eval_every=args.eval_every,
-        eval_samples=args.eval_samples,
-    )
-    if args.fresh:
-        import shutil
+    try:
+        plan = plan_of(args)
+        if args.print_config:
+            return _print_config(plan)
+        if args.fresh:
+            import shutil
 
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
-    model = prepare_policy(plan)
+            shutil.rmtree(plan.run_dir, ignore_errors=True)
+        domains = load_domains(plan, plan.run_dir / "domains")
+    except RunConfigError as error:
+        raise CliError(str(error), 2) from None
+    model = prepare_policy(plan, domains)
     if args.warmup_only:
         say(f"start policy ready in {model}")
         return 0
     try:
-        return run(lambda: _train(plan, model))
+        return run(lambda: _train(plan, domains, model))
     except NatsServerError as error:
         raise CliError(str(error)) from None
 
 
-def prepare_policy(plan: TrainPlan) -> Path:
-    """The tiny policy, warmed up once; a later run continues from the learner's checkpoint.
-
-    The warmed start is deterministic, so it is built once per recipe (model code, domain
-    code, warm-up settings) in the model cache (``$TEMPER_CACHE``) and copied from there.
-    """
-    import shutil
-
-    from services.domains import UnknownDomain, load_registry
-    from services.model.cache import MODEL_ROOT, cached_model, recipe_key
-    from services.model.sft import WarmupConfig
-
-    try:
-        domain = load_registry(None).get(plan.domain)
-    except UnknownDomain as error:
-        raise CliError(str(error), 2) from None
-    model = plan.run_dir / "model"
-    if (model / "config.json").is_file():
-        return model
-    config = WarmupConfig(
-        steps=plan.warmup_steps,
-        lr=1e-3,
-        examples=4096,
-        target_accuracy=plan.warmup_target,
-        check_every=10,
-    )
-    sources = [*(MODEL_ROOT / "model").glob("*.py"), *(MODEL_ROOT / "domains").rglob("*.py")]
-    key = recipe_key([plan.domain, repr(config)], sources)
-    start = cached_model(
-        "train-start-policy", key, lambda path: _warm_up(plan, domain, config, path)
-    )
-    say(f"start policy: {start} (built once per recipe, copied into {model})")
-    model.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(start, model, dirs_exist_ok=True)
-    return model
+def _print_config(plan: TrainPlan) -> int:
+    """Print the plan once its domains load (in a scratch folder: nothing of the run moves)."""
+    with tempfile.TemporaryDirectory(prefix="temper-config-") as scratch:
+        load_domains(plan, Path(scratch) / "domains")
+    print(to_toml(plan), end="", flush=True)
+    return 0
 
 
-def _warm_up(plan: TrainPlan, domain: Domain, config: WarmupConfig, model: Path) -> None:
-    from services.model.sft import supervised_warmup
-    from services.model.tiny import init_model
-
-    say(f"building the tiny policy in {model}")
-    init_model(model, force=True)
-    if not plan.warmup_steps:
-        return
-    until = (
-        f"up to {plan.warmup_steps} steps, until greedy accuracy on train problems "
-        f"reaches {plan.warmup_target:.0%}"
-        if plan.warmup_target
-        else f"{plan.warmup_steps} steps (no accuracy target)"
-    )
-    say(f"supervised warm-up on {plan.domain}'s train split: {until}")
-    result = supervised_warmup(model, domain, config)
-    accuracy = "" if result.train_accuracy is None else f", train {result.train_accuracy:.0%}"
-    say(
-        f"warm-up done after {result.steps} steps (loss {result.loss:.3f}{accuracy}); "
-        "reinforcement learning from here"
-    )
-
-
-async def _train(plan: TrainPlan, model: Path) -> int:
+async def _train(plan: TrainPlan, domains: RunDomains, model: Path) -> int:
     stop = stop_event()
-    supervisor = Supervisor(_stack(plan, model), say=say)
+    supervisor = Supervisor(_stack(plan, domains, model), say=say)
     try:
         await supervisor.start()
         nc = await connect(supervisor.nats_url, "temper-train", ride_through=True)
         try:
-            outcome = await _run_until_done(plan, nc, supervisor, stop)
+            outcome = await _run_until_done(plan, domains, nc, supervisor, stop)
         finally:
             await nc.close()
     finally:
         await supervisor.stop()
-    for line in summary(outcome.steps, outcome.heldout):
+    for line in summary(outcome.steps, outcome.heldout) + outcome.fed:
         say(line)
     figure = plan.run_dir / "train.png"
     plot(figure, outcome.steps, outcome.heldout, outcome.started_at)
@@ -233,7 +118,7 @@ async def _train(plan: TrainPlan, model: Path) -> int:
     return 0
 
 
-def _stack(plan: TrainPlan, model: Path) -> StackSettings:
+def _stack(plan: TrainPlan, domains: RunDomains, model: Path) -> StackSettings:
     env = {
         "TEMPER_GENERATOR_MODEL": str(model),
         "TEMPER_GENERATOR_TOOLS": "local",
@@ -263,7 +148,25 @@ def _stack(plan: TrainPlan, model: Path) -> StackSettings:
         "TEMPER_LEARNER_CHECKPOINT_EVERY": "2",
         "TEMPER_STATS_S": "2",
     }
-    return StackSettings(run_dir=plan.run_dir, nats_port=plan.nats_port, services=SERVICES, env=env)
+    services = SERVICES + _domain_env(domains, env)
+    return StackSettings(run_dir=plan.run_dir, nats_port=plan.nats_port, services=services, env=env)
+
+
+def _domain_env(domains: RunDomains, env: dict[str, str]) -> tuple[str, ...]:
+    """Point the services at the run's domains; the sandbox service joins the stack when a
+    domain's tools or tests run code.  Returns the services to add."""
+    if domains.config is not None:
+        for service in ("GENERATOR", "VALIDATOR", "LEARNER"):
+            env[f"TEMPER_{service}_DOMAINS_CONFIG"] = str(domains.config)
+    every = [domain for domain, _ in domains.train] + list(domains.eval)
+    if not domains_needing_sandbox(every):
+        return ()
+    from services.cli.preflight import check_stack
+
+    env["TEMPER_GENERATOR_TOOLS"] = "sandbox"
+    env["TEMPER_SANDBOX_POOL_SIZE"] = "2"
+    check_stack(("validator", "sandbox"), {**os.environ, **env})
+    return ("sandbox",)
 
 
 def _min_samples(plan: TrainPlan) -> int:
@@ -277,60 +180,98 @@ def _min_samples(plan: TrainPlan) -> int:
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
     steps: list[dict[str, Any]]
-    heldout: list[dict[str, Any]]
+    heldout: list[RoundResult]
     #: Wall-clock time (``time.time()``) when training started.
     started_at: float
+    #: What the feeder drew, per domain.
+    fed: list[str]
+
+
+class _Run:
+    """The loop's parts: feeder, held-out runner, metrics and what the user sees."""
+
+    def __init__(self, plan: TrainPlan, domains: RunDomains, nc: NATS) -> None:
+        from services.learner.metrics import Scalars
+
+        mix = FeedPlan(
+            mix=domains.train, in_flight=plan.in_flight, group=plan.group, seed=plan.seed
+        )
+        self.feeder = Feeder(nc, mix)
+        sets = [HeldoutSet.of(domain, limit=plan.eval_problems) for domain in domains.eval]
+        out = plan.run_dir / "eval" / "heldout.jsonl"
+        self.runner = HeldoutRunner(nc, sets, plan.eval_samples, out)
+        self.scalars = Scalars(plan.run_dir / "tensorboard" / "heldout")
+        self.metrics = MetricsTail(plan.run_dir / "learner" / "metrics.jsonl")
+        self.progress = Progress(plan.minutes * 60 or None)
+        self.steps: list[dict[str, Any]] = []
+        counts = ", ".join(f"{len(h.problems)} of {h.domain.name}" for h in sets)
+        say(f"held-out: {counts} (problems of the eval split)")
+
+    async def start(self) -> None:
+        await self.feeder.start()
+        await self.runner.start()
+
+    def collect(self) -> None:
+        self.steps.extend(self.metrics.new_lines())
+        for result in self.runner.completed():
+            for line in heldout_lines(result):
+                say(line)
+            self._scalars(result)
+        self.progress.update(self.steps, self.runner.results)
+
+    def _scalars(self, result: RoundResult) -> None:
+        version = int(result.headline["version"])
+        self.scalars.add(result.headline, version, prefix="heldout")
+        if len(result.domains) > 1:
+            for line in result.domains:
+                self.scalars.add(line, version, prefix=f"heldout/{line['domain']}")
+        self.scalars.add(tier_scalars(self.runner.tiers[version]), version, "tiers")
+
+    def version(self) -> int:
+        return int(self.steps[-1]["version"]) if self.steps else 0
 
 
 async def _run_until_done(
-    plan: TrainPlan, nc: NATS, supervisor: Supervisor, stop: asyncio.Event
+    plan: TrainPlan, domains: RunDomains, nc: NATS, supervisor: Supervisor, stop: asyncio.Event
 ) -> Outcome:
-    from services.domains import load_registry
-    from services.learner.metrics import Scalars
-
-    feeder = Feeder(nc, plan)
-    await feeder.start()
+    loop = _Run(plan, domains, nc)
+    await loop.start()
     last_stats = LastStats()
     await last_stats.start(nc)
-    heldout = HeldoutSet.of(load_registry(None).get(plan.domain))
-    runner = HeldoutRunner(nc, heldout, plan.eval_samples, plan.run_dir / "eval" / "heldout.jsonl")
-    await runner.start()
-    scalars = Scalars(plan.run_dir / "tensorboard" / "heldout")
-    metrics = MetricsTail(plan.run_dir / "learner" / "metrics.jsonl")
     clock = _Clock()
-    say(f"held-out: {len(heldout.problems)} {plan.domain} problems of the eval split")
-    await runner.submit(clock.elapsed())
+    await loop.runner.submit(clock.elapsed())
     watcher = asyncio.ensure_future(supervisor.watch(stop))
-    steps: list[dict[str, Any]] = []
-    progress = Progress(plan.minutes * 60)
-
-    def collect() -> None:
-        steps.extend(metrics.new_lines())
-        for result in runner.completed():
-            say(heldout_line(result))
-            scalars.add(result, result["version"], prefix="heldout")
-            scalars.add(tier_scalars(runner.tiers[result["version"]]), result["version"], "tiers")
-        progress.update(steps, runner.results)
-
-    next_eval = plan.eval_every or None
     try:
-        while not stop.is_set() and not _done(plan, clock, steps) and not watcher.done():
-            await _while_bus_is_up(feeder.top_up())
-            collect()
-            version = steps[-1]["version"] if steps else 0
-            if next_eval is not None and version >= next_eval and not runner.busy:
-                if await _while_bus_is_up(runner.submit(clock.elapsed())):
-                    next_eval = version + plan.eval_every
-            await asyncio.sleep(0.5)
-        progress.close()
+        await _train_until_done(plan, loop, clock, stop, watcher)
+        loop.progress.close()
         if not stop.is_set() and not watcher.done():
-            await _final_evaluation(runner, clock, collect)
+            await _final_evaluation(loop, clock)
     finally:
         stop.set()
         await watcher
-        scalars.close()
+        loop.scalars.close()
         last_stats.write(plan.run_dir / "stats.json")
-    return Outcome(steps=steps, heldout=runner.results, started_at=clock.started_at)
+    return Outcome(
+        steps=loop.steps,
+        heldout=loop.runner.results,
+        started_at=clock.started_at,
+        fed=[f"fed {line}" for line in loop.feeder.statistics()],
+    )
+
+
+async def _train_until_done(
+    plan: TrainPlan, loop: _Run, clock: _Clock, stop: asyncio.Event, watcher: asyncio.Future[None]
+) -> None:
+    """Keep the feed topped up and evaluate every ``eval_every`` versions until done."""
+    next_eval = plan.eval_every or None
+    while not stop.is_set() and not _done(plan, clock, loop.steps) and not watcher.done():
+        await _while_bus_is_up(loop.feeder.top_up())
+        loop.collect()
+        version = loop.version()
+        if next_eval is not None and version >= next_eval and not loop.runner.busy:
+            if await _while_bus_is_up(loop.runner.submit(clock.elapsed())):
+                next_eval = version + plan.eval_every
+        await asyncio.sleep(0.5)
 
 
 async def _while_bus_is_up(work: Coroutine[Any, Any, None]) -> bool:
@@ -347,19 +288,19 @@ async def _while_bus_is_up(work: Coroutine[Any, Any, None]) -> bool:
 def _done(plan: TrainPlan, clock: _Clock, steps: list[dict[str, Any]]) -> bool:
     if plan.max_steps and steps and int(steps[-1]["step"]) >= plan.max_steps:
         return True
-    return clock.elapsed() >= plan.minutes * 60
+    return bool(plan.minutes) and clock.elapsed() >= plan.minutes * 60
 
 
-async def _final_evaluation(runner: HeldoutRunner, clock: _Clock, collect: Any) -> None:
+async def _final_evaluation(loop: _Run, clock: _Clock) -> None:
     """Evaluate the last version once the evaluation in flight (if any) is in."""
     say("training is done: final held-out evaluation")
-    await runner.drain(_FINAL_EVAL_S)
-    await runner.submit(clock.elapsed())
+    await loop.runner.drain(_FINAL_EVAL_S)
+    await loop.runner.submit(clock.elapsed())
     deadline = time.monotonic() + _FINAL_EVAL_S
-    while runner.busy and time.monotonic() < deadline:
+    while loop.runner.busy and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-        collect()
-    if runner.busy:
+        loop.collect()
+    if loop.runner.busy:
         say(f"the final held-out evaluation did not finish in {_FINAL_EVAL_S:.0f} s")
 
 
@@ -370,59 +311,6 @@ class _Clock:
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
-
-
-class Feeder:
-    """Keeps ``in_flight`` tasks of the domain outstanding; a task is done once scored."""
-
-    def __init__(self, nc: NATS, plan: TrainPlan) -> None:
-        from services.domains import load_registry
-
-        self._nc = nc
-        self._plan = plan
-        self._domain = load_registry(None).get(plan.domain)
-        self._scored: dict[str, int] = {}
-        #: Task id -> when it was submitted; forgotten once scored or after ``_GIVE_UP_S``.
-        self._open: dict[str, float] = {}
-        self._round = 0
-
-    async def start(self) -> None:
-        await self._nc.subscribe(subjects.scored_all(), cb=self._on_scored)
-
-    async def _on_scored(self, msg: Msg) -> None:
-        # The task id is the subject's last token: no need to decode the whole rollout.
-        task_id = msg.subject.rsplit(".", 1)[-1]
-        count = self._scored.get(task_id, 0) + 1
-        self._scored[task_id] = count
-        if count >= self._plan.group:
-            self._open.pop(task_id, None)
-            self._scored.pop(task_id, None)
-
-    async def top_up(self) -> None:
-        # A task that never completes (a sample dead-lettered) must not stall the feed.
-        now = time.monotonic()
-        for task_id, sent in list(self._open.items()):
-            if now - sent > _GIVE_UP_S:
-                del self._open[task_id]
-        missing = self._plan.in_flight - len(self._open)
-        if missing <= 0:
-            return
-        js = self._nc.jetstream()
-        for task in self._tasks(missing):
-            await js.publish(
-                subjects.of_task(task),
-                encode(task),
-                headers={"Nats-Msg-Id": task.id},
-            )
-            self._open[task.id] = time.monotonic()
-
-    def _tasks(self, count: int) -> Iterator[Task]:
-        self._round += 1
-        seed = int(time.time()) * 1000 + self._round
-        for task in self._domain.make_tasks(count, split="train", seed=seed):
-            fields = {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
-            fields["n"] = self._plan.group
-            yield Task(**fields)
 
 
 class MetricsTail:

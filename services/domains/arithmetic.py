@@ -38,6 +38,43 @@ def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
     return total + sign * term
 
 
+def written(operands: Sequence[int], operators: Sequence[str]) -> str:
+    """``a op b op c ...`` as the prompt shows it."""
+    return str(operands[0]) + "".join(
+        f"{o}{x}" for o, x in zip(operators, operands[1:], strict=True)
+    )
+
+
+def canonical(operands: Sequence[int], operators: Sequence[str]) -> str:
+    """One spelling of ``a op b op c ...`` for every reordering that + and * allow.
+
+    Each product's factors are sorted, then the added terms and the subtracted terms
+    each: ``4+9+3`` and ``3+9+4`` are one problem, ``a-b+c`` and ``a+c-b`` too, while
+    ``3-4`` and ``4-3`` (or ``2*3+4`` and ``2+3*4``) stay two.  The split hashes this,
+    so a held-out problem is never a reordering of a trained one.
+    """
+    if len(operators) != len(operands) - 1:
+        raise ValueError(f"{len(operands)} operands need {len(operands) - 1} operators")
+    added: list[tuple[int, ...]] = []
+    subtracted: list[tuple[int, ...]] = []
+    factors, into = [operands[0]], added
+    for operator, operand in zip(operators, operands[1:], strict=True):
+        if operator == "*":
+            factors.append(operand)
+            continue
+        if operator not in ("+", "-"):
+            raise ValueError(f"operator {operator!r} is not one of +, -, *")
+        into.append(tuple(sorted(factors)))
+        factors, into = [operand], (added if operator == "+" else subtracted)
+    into.append(tuple(sorted(factors)))
+    plus = "+".join(_product(term) for term in sorted(added))
+    return plus + "".join(f"-{_product(term)}" for term in sorted(subtracted))
+
+
+def _product(factors: tuple[int, ...]) -> str:
+    return "*".join(map(str, factors))
+
+
 @dataclass(frozen=True)
 class ArithmeticSource:
     op: str
@@ -46,10 +83,17 @@ class ArithmeticSource:
     style: AnswerStyle
 
     def draw(self, rng: random.Random) -> Problem:
-        expression, value = self._division(rng) if self.op == "div" else self._chain(rng)
+        if self.op == "div":
+            # Not commutative: the division as written is its only spelling.
+            expression, value = self._division(rng)
+            key = expression
+        else:
+            operands, operators = self._chain(rng)
+            expression = written(operands, operators)
+            value, key = evaluate(operands, operators), canonical(operands, operators)
         answer = str(value)
         return Problem(
-            key=f"arith:{expression}",
+            key=f"arith:{key}",
             question=expression,
             metadata={"answer": answer},
             reference=answer_text(answer, self.style),
@@ -58,16 +102,13 @@ class ArithmeticSource:
     def _operand(self, rng: random.Random, low: int = 0) -> int:
         return rng.randint(low, 10**self.digits - 1)
 
-    def _chain(self, rng: random.Random) -> tuple[str, int]:
+    def _chain(self, rng: random.Random) -> tuple[list[int], list[str]]:
         operands = [self._operand(rng) for _ in range(self.terms)]
         if self.op == "mixed":
             operators = [rng.choice("+-*") for _ in operands[1:]]
         else:
             operators = [_SYMBOL[self.op]] * (self.terms - 1)
-        text = str(operands[0]) + "".join(
-            f"{o}{x}" for o, x in zip(operators, operands[1:], strict=True)
-        )
-        return text, evaluate(operands, operators)
+        return operands, operators
 
     def _division(self, rng: random.Random) -> tuple[str, int]:
         # Exact division only: the answer stays an integer.

@@ -12,6 +12,7 @@ from services.domains import (
     doc_qa,
     jsonl,
     python_functions,
+    reasoning_gym,
     tool_use,
     word_problems,
 )
@@ -33,15 +34,19 @@ KINDS: Final[Mapping[str, Kind]] = {
     "tool_use": tool_use.domain,
     "terminal": terminal_family.domain,
     "jsonl": jsonl.domain,
+    "reasoning_gym": reasoning_gym.domain,
 }
 
 #: What ``load_registry(None)`` serves: one domain per kind, with the kind's defaults.
 BUILTIN: Final[tuple[tuple[str, str, Mapping[str, Any]], ...]] = (
     # Single-digit addition answered as <answer>N</answer>.
     ("arithmetic", "arithmetic", {}),
-    # Sums of three single-digit numbers (1,000 problems, about 200 held out): the
-    # learning demo's domain, large enough that one held-out problem is worth 0.5 points.
+    # Sums of three single-digit numbers: 220 problems once spellings are folded together
+    # (3+9+4 is 4+9+3), 35 of them held out.
     ("arithmetic_sum3", "arithmetic", {"terms": 3}),
+    # Sums of four: 715 problems, 134 held out (one is worth 0.75 points). The learning
+    # demo's domain: enough problems that what is learned must carry over to unseen ones.
+    ("arithmetic_sum4", "arithmetic", {"terms": 4}),
     ("math_word_problems", "word_problems", {}),
     ("python_functions", "python_functions", {}),
     ("doc_numeric_qa", "doc_qa", {}),

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from protocol.messages import SandboxLimits
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
-from services.domains.cad_parts import MAKERS, SEGMENTS
+from services.domains.cad_parts import MAKERS, SEGMENTS, part_key
 from services.domains.params import Params
 
 SHAPES: Final = tuple(MAKERS)
@@ -44,9 +44,10 @@ class PartSource:
     volume_tolerance: float
 
     def draw(self, rng: random.Random) -> Problem:
-        key = f"cad:{self.shape}:l{self.level}:x{self.scale}:{rng.randrange(_VARIANTS)}"
-        # Dimensions follow from the key alone: one key is one part, whatever the caller's rng.
-        part = MAKERS[self.shape](random.Random(key), self.level, self.scale)
+        seed = f"cad:{self.shape}:l{self.level}:x{self.scale}:{rng.randrange(_VARIANTS)}"
+        # Dimensions follow from the seed alone: one seed is one part, whatever the caller's
+        # rng.  Many seeds draw the same part, so the key is the part's, not the seed's.
+        part = MAKERS[self.shape](random.Random(seed), self.level, self.scale)
         spec = {
             **part.spec,
             "tolerance_mm": self.tolerance_mm,
@@ -57,7 +58,7 @@ class PartSource:
             f"volume within {self.volume_tolerance:.0%}."
         )
         return Problem(
-            key=key,
+            key=f"cad:{part_key(part.spec)}",
             question=question,
             metadata={"part": spec},
             reference=f"```openscad\n{part.reference}```",

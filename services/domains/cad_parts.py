@@ -9,9 +9,10 @@ and teeth, ``scale`` multiplies the sizes.
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -179,6 +180,18 @@ def box_spec(size: list[int], wall: float) -> dict[str, Any]:
     x, y, z = size
     volume = x * y * z - (x - 2 * wall) * (y - 2 * wall) * (z - wall)
     return {"shape": "box", "size": size, "wall": wall, "volume": volume}
+
+
+def part_key(spec: Mapping[str, Any]) -> str:
+    """The part itself, whatever drew it: its shape and dimensions, holes in any order.
+
+    Two seeds, levels or scales that draw the same solid give the same key (the split
+    hashes it), and the volume is left out: it follows from the rest.
+    """
+    fields = {name: value for name, value in spec.items() if name != "volume"}
+    if "holes" in fields:
+        fields["holes"] = sorted(list(hole) for hole in fields["holes"])
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
 MAKERS: Final[dict[str, Callable[[random.Random, int, int], Part]]] = {

@@ -134,6 +134,19 @@ QUESTIONS: Final[dict[str, Callable[[random.Random, Table], Question]]] = {
 }
 
 
+def problem_digest(table: Table, question: Question) -> str:
+    """What decides the answer: the amounts and the question asked of them.
+
+    The company's name and the years printed are left out (quarters become their
+    positions): a table renamed or shifted by a year is the same problem.
+    """
+    asked = question.text
+    for position, label in enumerate(table.quarters):
+        asked = asked.replace(label, f"<quarter {position}>")
+    amounts = "\n".join(",".join(map(str, table.rows[item])) for item in ITEMS)
+    return hashlib.blake2b(f"{amounts}\n{asked}".encode(), digest_size=8).hexdigest()
+
+
 @dataclass(frozen=True)
 class DocQASource:
     kinds: Sequence[str]
@@ -146,9 +159,8 @@ class DocQASource:
         cites = "\n".join(
             f"<{CITE_TAG}>{table.row_text(item)}</{CITE_TAG}>" for item in question.items
         )
-        digest = hashlib.blake2b(f"{document}\n{question.text}".encode(), digest_size=8)
         return Problem(
-            key=f"docqa:{digest.hexdigest()}",
+            key=f"docqa:{problem_digest(table, question)}",
             question=f"Document:\n{document}\n\nQuestion: {question.text}",
             metadata={
                 "answer": question.answer,

@@ -24,6 +24,8 @@ from services.domains.params import Params
 TOOLS: Final = ("python",)
 
 #: (key values, question, answer, python code that prints the answer) at a difficulty level.
+#: The key values name the problem whatever its wording and level: values whose order does
+#: not change the answer come sorted.
 Made = tuple[str, str, str, str]
 
 
@@ -63,7 +65,9 @@ def _median(rng: random.Random, level: int) -> Made:
     values = [rng.randint(-1000, 1000) for _ in range(9 + 10 * level)]
     question = f"What is the median of these numbers: {values}?"
     code = f"import statistics; print(statistics.median({values}))"
-    return ",".join(map(str, values)), question, str(statistics.median(values)), code
+    # The same numbers in another order have the same median: one problem.
+    key = ",".join(map(str, sorted(values)))
+    return key, question, str(statistics.median(values)), code
 
 
 def _factorial_digits(rng: random.Random, level: int) -> Made:

@@ -17,7 +17,9 @@ from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
 from services.domains.formats import INSTRUCTIONS, STYLES, AnswerStyle, answer_style, answer_text
 from services.domains.params import Params
 
-#: (key values, question, answer) for a difficulty level.
+#: (key values, question, answer) for a difficulty level.  The key values are what
+#: decides the problem, in an order that does not depend on its wording: values that play
+#: the same part in the maths (the two factors of a product, two pipes) come sorted.
 Made = tuple[tuple[int, ...], str, str]
 Template = Callable[[random.Random, int], Made]
 _SCALE: Final = (10, 30, 100, 1000, 10_000)
@@ -46,7 +48,8 @@ def _apples(rng: random.Random, level: int) -> Made:
         f"Ann has {a} apples. She buys {b} bags with {c} apples in each bag, then gives "
         f"{d} apples to a friend. How many apples does she have now?"
     )
-    return (a, b, c, d), question, str(a + b * c - d)
+    # b bags of c apples or c bags of b: the same a + b*c - d.
+    return (a, *sorted((b, c)), d), question, str(a + b * c - d)
 
 
 def _speed(rng: random.Random, level: int) -> Made:
@@ -97,7 +100,11 @@ def _pipes(rng: random.Random, level: int) -> Made:
         f"One pipe fills a tank in {first} hours and another in {second} hours. "
         "Working together, how many hours do they take? Answer with a fraction in lowest terms."
     )
-    return (first, second), question, fraction_text(Fraction(first * second, first + second))
+    return (
+        tuple(sorted((first, second))),
+        question,
+        fraction_text(Fraction(first * second, first + second)),
+    )
 
 
 def _interest(rng: random.Random, level: int) -> Made:
@@ -107,7 +114,8 @@ def _interest(rng: random.Random, level: int) -> Made:
         f"${principal} is invested at {rate}% simple interest per year for {years} years. "
         "How many dollars of interest does it earn?"
     )
-    return (principal, rate, years), question, str(principal * rate * years // 100)
+    # Rate and years enter only as their product.
+    return (principal, *sorted((rate, years))), question, str(principal * rate * years // 100)
 
 
 def _ages(rng: random.Random, level: int) -> Made:
@@ -141,8 +149,9 @@ class WordProblemSource:
     def draw(self, rng: random.Random) -> Problem:
         name = rng.choice(self.templates)
         values, question, answer = TEMPLATES[name](rng, self.level)
+        # No level in the key: the same numbers make the same problem at every level.
         return Problem(
-            key=f"wp:{name}:{self.level}:{','.join(map(str, values))}",
+            key=f"wp:{name}:{','.join(map(str, values))}",
             question=question,
             metadata={"answer": answer},
             reference=f"Step by step, the answer is {answer}. {answer_text(answer, self.style)}",

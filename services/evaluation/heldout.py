@@ -4,6 +4,8 @@ The eval split is decided by a hash of each problem's key (``Domain.split_of``),
 disjoint from the train split by construction and the same on every run.  An evaluation
 asks for one greedy sample and ``k`` sampled ones per problem and reports greedy
 accuracy, sampled accuracy (mean over samples) and pass@k (the unbiased estimator).
+An evaluation round measures several domains at once, each on its own line, and their
+macro average (each domain counting the same).
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ class Evaluation:
         task_id = scored.rollout.task.id
         if not task_id.startswith(self.prefix + "-"):
             return
+        if scored.rollout.task.domain != self.heldout.domain.name:
+            return
         index_text, kind = task_id[len(self.prefix) + 1 :].rsplit("-", 1)
         domain = self.heldout.domain
         outcome = Outcome.of(
@@ -134,6 +138,63 @@ class Evaluation:
         """The unit, chain and system figures of this evaluation (``report.json``'s schema)."""
         version = self.versions.most_common(1)[0][0] if self.versions else 0
         return build_report(self.outcomes, k=self.samples, policy=policy, version=version)
+
+
+@dataclass(kw_only=True)
+class EvaluationRound:
+    """One evaluation of several domains' held-out sets, submitted together."""
+
+    #: The round's number in its run (1, 2, ...), written on each of its lines.
+    number: int
+    evaluations: tuple[Evaluation, ...]
+
+    def add(self, scored: ScoredRollout) -> None:
+        for evaluation in self.evaluations:
+            evaluation.add(scored)
+
+    def done(self) -> bool:
+        return all(evaluation.done() for evaluation in self.evaluations)
+
+    def version(self) -> int:
+        """The policy version most of the round's rollouts came from."""
+        versions: Counter[int] = Counter()
+        for evaluation in self.evaluations:
+            versions.update(evaluation.versions)
+        return versions.most_common(1)[0][0] if versions else 0
+
+    def results(self) -> list[dict[str, Any]]:
+        """One held-out line per domain."""
+        return [{**e.result(), "evaluation": self.number} for e in self.evaluations]
+
+    def tier_report(self, policy: str) -> dict[str, Any]:
+        """The unit, chain and system figures of every domain of the round."""
+        outcomes = [o for evaluation in self.evaluations for o in evaluation.outcomes]
+        samples = self.evaluations[0].samples if self.evaluations else 0
+        return build_report(outcomes, k=samples, policy=policy, version=self.version())
+
+
+#: The ``domain`` of a macro-average line (not a domain name: those have no spaces).
+MACRO = "macro average"
+#: The figures a macro average takes the unweighted mean of, over domains.
+MACRO_KEYS = ("greedy_accuracy", "sampled_accuracy", "chance")
+
+
+def macro_average(lines: list[dict[str, Any]], version: int) -> dict[str, Any]:
+    """The unweighted mean over domains of one round's held-out lines: each domain counts
+    the same, however many problems its split has."""
+    samples = int(lines[0]["samples"])
+    keys = [*MACRO_KEYS, f"pass_at_{samples}"]
+    return {
+        "domain": MACRO,
+        "domains": [line["domain"] for line in lines],
+        "evaluation": lines[0].get("evaluation", 0),
+        "version": version,
+        "elapsed_s": lines[0]["elapsed_s"],
+        **{key: statistics.fmean(float(line[key]) for line in lines) for key in keys},
+        "problems": sum(int(line["problems"]) for line in lines),
+        "samples": samples,
+        "failed": sum(int(line["failed"]) for line in lines),
+    }
 
 
 def is_multi_turn(domain: Domain) -> bool:

@@ -7,18 +7,22 @@ The warm-up stops as soon as the policy answers ``target_accuracy`` of a fixed s
 train problems greedily (checked every ``check_every`` steps), or after ``steps``: a
 start that can sample the right answer often but does not yet give it reliably, which
 is where reinforcement learning shows.  Held-out problems are never looked at here.
+
+Several domains warm up together as a mix: the examples (and the probe's problems) are
+shared out by domain weight, each domain getting at least one.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from services.domains import Domain
+from services.domains import Domain, Example
 from services.model.load import load_causal_lm
 from services.model.tokens import ChatTokenizer
 
@@ -37,6 +41,10 @@ class WarmupConfig:
     seed: int = 0
 
 
+#: Domains with their weights; a single Domain is a mix of one.
+Mix = Sequence[tuple[Domain, float]]
+
+
 @dataclass(frozen=True, kw_only=True)
 class WarmupResult:
     steps: int
@@ -45,16 +53,17 @@ class WarmupResult:
     train_accuracy: float | None
 
 
-def supervised_warmup(model_dir: Path, domain: Domain, config: WarmupConfig) -> WarmupResult:
-    """Train ``model_dir`` on ``domain``'s reference completions, in place."""
+def supervised_warmup(model_dir: Path, domains: Domain | Mix, config: WarmupConfig) -> WarmupResult:
+    """Train ``model_dir`` on the reference completions of ``domains``, in place."""
 
     torch.manual_seed(config.seed)
+    mix = [(domains, 1.0)] if isinstance(domains, Domain) else list(domains)
     tokenizer = ChatTokenizer.load(model_dir)
     pairs = [
         (tokenizer.render(e.task.prompt), tokenizer.encode(e.reference) + list(tokenizer.eos_ids))
-        for e in domain.examples(config.examples, split="train", seed=config.seed)
+        for e in mixed_examples(mix, config.examples, config.seed)
     ]
-    probe = _Probe.of(domain, tokenizer, config) if config.target_accuracy else None
+    probe = _Probe.of(mix, tokenizer, config) if config.target_accuracy else None
     model = load_causal_lm(model_dir)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
@@ -75,29 +84,56 @@ def supervised_warmup(model_dir: Path, domain: Domain, config: WarmupConfig) -> 
     return WarmupResult(steps=step, loss=loss, train_accuracy=accuracy)
 
 
+def shares(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainders), each at least 1."""
+    whole = sum(weights)
+    exact = [total * w / whole for w in weights]
+    counts = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: int(exact[i]) - exact[i])
+    for index in order[: max(0, total - sum(counts))]:
+        counts[index] += 1
+    return counts
+
+
+def mixed_examples(mix: Mix, total: int, seed: int) -> list[Example]:
+    """About ``total`` train examples shared out over the mix by weight, in mix order."""
+    counts = shares(total, [weight for _, weight in mix])
+    return [
+        example
+        for (domain, _), count in zip(mix, counts, strict=True)
+        for example in domain.examples(count, split="train", seed=seed)
+    ]
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Probe:
-    """Greedy accuracy on a fixed set of train problems."""
+    """Greedy accuracy on a fixed set of train problems with an ``answer`` to compare."""
 
     tokenizer: ChatTokenizer
     prompts: list[list[int]]
     answers: list[str]
-    domain: Domain
+    max_tokens: int
 
     @classmethod
-    def of(cls, domain: Domain, tokenizer: ChatTokenizer, config: WarmupConfig) -> _Probe:
-        examples = domain.examples(config.probe, split="train", seed=config.seed + 1)
+    def of(cls, mix: Mix, tokenizer: ChatTokenizer, config: WarmupConfig) -> _Probe | None:
+        examples = [
+            e
+            for e in mixed_examples(mix, config.probe, config.seed + 1)
+            if "answer" in e.task.metadata
+        ]
+        if not examples:
+            return None
         return cls(
             tokenizer=tokenizer,
             prompts=[tokenizer.render(e.task.prompt) for e in examples],
             answers=[str(e.task.metadata["answer"]) for e in examples],
-            domain=domain,
+            max_tokens=max(e.task.sampling.max_tokens for e in examples),
         )
 
     def accuracy(self, model: Any) -> float:
         from services.model.greedy import answer_is, greedy_texts
 
-        texts = greedy_texts(model, self.tokenizer, self.prompts, self.domain.max_tokens)
+        texts = greedy_texts(model, self.tokenizer, self.prompts, self.max_tokens)
         return sum(map(answer_is, texts, self.answers)) / len(texts)
 
 

@@ -18,6 +18,7 @@ from protocol.codec import check_size, encode
 from protocol.errors import ErrorCode, PayloadTooLarge
 from protocol.messages import DomainInfo, DomainList, DomainsRequest, DomainValidator, Task
 from services.domains import Domain, DomainError, DomainRegistry
+from services.domains.reasoning_gym import METADATA as REASONING_GYM_ENTRY
 from services.evaluation.heldout import HeldoutSet
 from services.runtime.errors import RequestRejected
 
@@ -53,6 +54,10 @@ def _files_and_checks(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("sandbox_files", "checks")
 
 
+def _reasoning_gym_entry(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return (REASONING_GYM_ENTRY,)
+
+
 #: The ``Task.metadata`` keys each built-in validator kind reads (the others read none).
 METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "exact": _answer_key,
@@ -62,6 +67,7 @@ METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "code": _tests,
     "cad": _part,
     "terminal": _files_and_checks,
+    "reasoning_gym": _reasoning_gym_entry,
 }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from protocol.messages import SandboxLimits
+from services.domains import reasoning_gym as rg
 from services.domains.api import Domain, DomainError, ValidatorSpec
 from services.domains.params import Params
 from services.domains.ranges import SCORE_RANGE
@@ -26,6 +27,7 @@ from services.validator.cad import CadPart
 from services.validator.code import UnitTests
 from services.validator.documents.judge import DocumentCache, DocumentFileQA
 from services.validator.extract import EXTRACT_MODES, Extract
+from services.validator.reasoning_gym import ReasoningGymScore
 from services.validator.reward_model import RewardBatcher, RewardModel, RewardModelScore
 from services.validator.sandbox import Sandbox
 from services.validator.sessions import Sessions
@@ -185,6 +187,17 @@ def _reward_model(params: Params, domain: Domain, resources: Resources) -> Valid
     )
 
 
+def _reasoning_gym(params: Params, domain: Domain, resources: Resources) -> Validator:
+    judge = ReasoningGymScore(
+        extract=_extract(params),
+        max_answer_chars=params.integer(
+            "max_answer_chars", rg.DEFAULT_MAX_ANSWER_CHARS, 1, 1_000_000
+        ),
+    )
+    rg.registry()  # imported now, while the service starts, not on its first rollout
+    return judge
+
+
 KINDS: Final[Mapping[str, Factory]] = {
     "exact": _exact,
     "math": _math,
@@ -197,6 +210,7 @@ KINDS: Final[Mapping[str, Factory]] = {
     "cad": _cad,
     "terminal": _terminal,
     "reward_model": _reward_model,
+    "reasoning_gym": _reasoning_gym,
 }
 
 

@@ -1,4 +1,4 @@
-"""``temper train`` (what ``make run`` runs), shortened to three minutes: the whole stack
+"""``temper train`` (what ``make run`` runs), shortened to 60 learner steps: the whole stack
 comes up, the policy learns on held-out problems it never trained on, the user sees a
 progress line, TensorBoard files and a PNG, and nothing is left running."""
 
@@ -17,6 +17,8 @@ import pytest
 from services.cli.train import SERVICES
 from tests.integration.test_cli_harness import finish, free_port, start
 
+#: Learner steps of the learning run.
+STEPS = 60
 HELDOUT_KEYS = {"version", "elapsed_s", "greedy_accuracy", "sampled_accuracy", "problems", "chance"}
 
 
@@ -30,20 +32,25 @@ async def test_train_learns_on_heldout_problems_and_shows_it(tmp_path: Path) -> 
         str(run_dir),
         "--nats-port",
         str(free_port()),
+        # Bounded by steps, not by the clock: a busy machine makes the run slower, not
+        # shorter, so the learning asserted below does not depend on the machine's load.
+        "--max-steps",
+        str(STEPS),
         "--minutes",
-        "3",
+        "10",
         "--eval-every",
         "1000",
     )
     done = await finish(proc, timeout_s=660)
     assert done.code == 0, done.out + done.err
-    assert re.search(r"\d+/180 s: step \d+, samples/s \d+, reward \d\.\d+", done.out), done.out
+    assert re.search(r"\d+/600 s: step \d+, samples/s \d+, reward \d\.\d+", done.out), done.out
     assert re.search(r"held-out greedy accuracy [\d.]+% \(v0\) -> [\d.]+% \(v\d+\)", done.out)
     lines = [json.loads(x) for x in (run_dir / "eval" / "heldout.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(HELDOUT_KEYS <= set(line) for line in lines)
     start_, end = lines
-    assert start_["version"] == 0 and end["version"] >= 20 and end["problems"] > 100
-    # Learning, measured on problems never trained on: clearly above the start.
+    assert start_["version"] == 0 and end["version"] == STEPS and end["problems"] > 100
+    # Learning, measured on problems never trained on (no spelling of them either): clearly
+    # above the start (a 60-step run: sampled 15.5% -> 33.0%, greedy 20.9% -> 46.3%).
     assert end["sampled_accuracy"] >= start_["sampled_accuracy"] + 0.08, lines
     assert end["greedy_accuracy"] >= start_["greedy_accuracy"] - 0.05, lines
     assert (run_dir / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -74,7 +81,7 @@ def _tier_reports_and_run_report(run_dir: Path, heldout: list[dict[str, Any]]) -
 
     for line in heldout:
         tiers = json.loads(Path(line["tiers_file"]).read_text())
-        figures = tiers["domains"]["arithmetic_sum3"]
+        figures = tiers["domains"]["arithmetic_sum4"]
         assert tiers["version"] == line["version"]
         # The held-out line leaves invalid answers out; the tiers count them wrong.
         slack = line["failed"] / line["problems"] + 1e-9
@@ -100,7 +107,7 @@ def _tier_reports_and_run_report(run_dir: Path, heldout: list[dict[str, Any]]) -
         text=True,
         timeout=120,
     )
-    assert markdown.returncode == 0 and "arithmetic_sum3" in markdown.stdout
+    assert markdown.returncode == 0 and "arithmetic_sum4" in markdown.stdout
 
 
 @pytest.mark.timeout(600)

@@ -27,6 +27,7 @@ from services.validator.numbers import parse_number
 BUILTINS = [
     "arithmetic",
     "arithmetic_sum3",
+    "arithmetic_sum4",
     "math_word_problems",
     "python_functions",
     "doc_numeric_qa",
@@ -39,10 +40,10 @@ def test_builtin_registry_lookups() -> None:
     assert REGISTRY.names() == BUILTINS
     assert "arithmetic" in REGISTRY and "nope" not in REGISTRY
     assert REGISTRY.get("tool_use").tools == ("python",)
-    assert len(REGISTRY) == 6 and [d.name for d in REGISTRY] == BUILTINS
+    assert len(REGISTRY) == 7 and [d.name for d in REGISTRY] == BUILTINS
     with pytest.raises(UnknownDomain) as caught:
         REGISTRY.get("nope")
-    assert (caught.value.name, caught.value.known) == ("nope", 6)
+    assert (caught.value.name, caught.value.known) == ("nope", 7)
 
 
 def test_arithmetic_is_single_digit_addition_with_tagged_answers() -> None:

@@ -53,6 +53,7 @@ def test_the_deploy_config_declares_more_than_200_domains() -> None:
         "documents",
         "cad_parts",
         "terminal",
+        "reasoning_gym",
     }
     documents = [d.name for d in registry if d.kind == "documents"]
     assert len(documents) == 24  # 6 question kinds x pdf/html x short/long
@@ -121,9 +122,10 @@ def test_overrides_and_defaults(tmp_path: Path) -> None:
         ValidatorSpec(kind="math", weight=0.8, params={"extract": "tag"}),
         ValidatorSpec(kind="length", weight=0.2, params={"limit": 20}, name="brevity"),
     )
-    assert registry.names()[:6] == [
+    assert registry.names()[:7] == [
         "arithmetic",
         "arithmetic_sum3",
+        "arithmetic_sum4",
         "math_word_problems",
         "python_functions",
         "doc_numeric_qa",

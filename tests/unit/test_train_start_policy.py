@@ -1,36 +1,20 @@
-"""``temper train``'s start policy: warmed once per recipe in the model cache, then copied."""
+"""``temper train``'s start policy: warmed once per recipe in the model cache, then copied;
+a given model directory is used as it is."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from services.cli import train
-from services.cli.train import TrainPlan, prepare_policy
+from services.cli import build_parser, train_policy
+from services.cli.runconfig import RunDomains, TrainPlan, load_domains, plan_of
+from services.cli.train import prepare_policy
 
 
-def plan(run_dir: Path, **changes: object) -> TrainPlan:
-    base = TrainPlan(
-        run_dir=run_dir,
-        nats_port=0,
-        domain="arithmetic_sum3",
-        minutes=1.0,
-        max_steps=0,
-        group=4,
-        in_flight=8,
-        batch=8,
-        minibatches=1,
-        lr=1e-4,
-        lr_decay_steps=0,
-        max_staleness=1,
-        warmup_steps=2,
-        warmup_target=0.0,
-        eval_every=0,
-        eval_samples=0,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+def plan(run_dir: Path, *argv: str) -> TrainPlan:
+    args = ["train", "--run-dir", str(run_dir), "--warmup-steps", "2", "--warmup-target", "0"]
+    return plan_of(build_parser().parse_args([*args, *argv]))
 
 
 def test_the_warm_start_is_built_once_per_recipe(
@@ -38,19 +22,36 @@ def test_the_warm_start_is_built_once_per_recipe(
 ) -> None:
     monkeypatch.setenv("TEMPER_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
-    built: list[Path] = []
+    built: list[tuple[str, ...]] = []
 
-    def build(plan: TrainPlan, domain: object, config: object, model: Path) -> None:
+    def build(plan: TrainPlan, domains: RunDomains, config: object, model: Path) -> None:
         """The warm-up itself runs in tests/integration/test_cli_train.py."""
-        built.append(model)
+        built.append(domains.names)
         model.mkdir()
         (model / "config.json").write_text(f'{{"built": {len(built)}}}')
 
-    monkeypatch.setattr(train, "_warm_up", build)
-    first = prepare_policy(plan(tmp_path / "a"))
-    second = prepare_policy(plan(tmp_path / "b"))
+    def prepare(run_dir: Path, *argv: str) -> Path:
+        chosen = plan(run_dir, *argv)
+        return prepare_policy(chosen, load_domains(chosen, run_dir / "domains"))
+
+    monkeypatch.setattr(train_policy, "_warm_up", build)
+    first = prepare(tmp_path / "a")
+    second = prepare(tmp_path / "b")
     assert len(built) == 1, "the second run copies the cached start"
     assert (first / "config.json").read_text() == (second / "config.json").read_text()
     assert first == tmp_path / "a" / "model" and second == tmp_path / "b" / "model"
-    prepare_policy(plan(tmp_path / "c", warmup_steps=3))
+    prepare(tmp_path / "c", "--warmup-steps", "3")
     assert len(built) == 2, "another warm-up is another recipe"
+    mix = ("--domain", "arithmetic_sum3", "--domain", "arithmetic=0.5")
+    prepare(tmp_path / "d", *mix)
+    assert built[-1] == ("arithmetic_sum3", "arithmetic"), "the warm-up gets the whole mix"
+    prepare(tmp_path / "e", "--domain", "arithmetic_sum3", "--domain", "arithmetic=2")
+    assert len(built) == 4, "other weights are another recipe"
+
+
+def test_a_given_model_is_the_start_policy(tmp_path: Path) -> None:
+    model = tmp_path / "policy"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    chosen = plan_of(build_parser().parse_args(["train", "--model", str(model)]))
+    assert prepare_policy(chosen, load_domains(chosen, tmp_path / "domains")) == model

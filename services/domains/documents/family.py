@@ -93,7 +93,9 @@ def problem(spec: DocumentSpec) -> Problem:
     answer = answer_text(question.op, reference_value(report, question))
     noun = "PDF" if spec.fmt == "pdf" else "HTML filing"
     return Problem(
-        key=f"doc:{spec.fmt}:{spec.length}:{spec.kind}:{spec.seed}",
+        # No format in the key: the report and question follow from the rest (see
+        # ``build``), and the same report as a PDF or as HTML is the same problem.
+        key=f"doc:{spec.length}:{spec.kind}:{spec.seed}",
         question=f"Text of the {noun}:\n\n{report_text(report)}\n\nQuestion: {question.text}",
         metadata={"answer": answer, "document": spec.as_metadata()},
         reference=reference_answer(report, question),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -44,9 +45,54 @@ def reference(made: Made) -> str:
     return "\n".join([*calls, "Done."])
 
 
+def _sorted_items(made: Made) -> str:
+    return ",".join(sorted(made.values.split(",")))
+
+
+def _sorted_numbers(made: Made) -> str:
+    return ",".join(map(str, sorted(int(v) for v in made.values.split(","))))
+
+
+def _temporary_files(made: Made) -> str:
+    return ",".join(sorted(path for path in made.files if path.endswith(".tmp")))
+
+
+def _sorted_prices(made: Made) -> str:
+    prices, rate = made.values.rsplit(":", 1)
+    return f"{sorted(json.loads(prices))}:{rate}"
+
+
+def _sorted_sides(made: Made) -> str:
+    return "x".join(sorted(made.values.split("x"), key=int))
+
+
+#: Templates whose drawn values carry an order the task does not have, and the values
+#: in an order-free form: the same task drawn in another order must keep its key.
+UNORDERED: Final[Mapping[str, Callable[[Made], str]]] = {
+    # A set of file names to rename.
+    "rename_extension": _sorted_items,
+    # Rows joined on id and written sorted by id: the input order is no part of the task.
+    "csv_join": _sorted_items,
+    # Which names sit in which folder, not the order they were drawn in.
+    "clean_temporary": _temporary_files,
+    # The largest value of a vector.
+    "cpp_wrong_result": _sorted_numbers,
+    # A sum of prices, then the discount.
+    "js_bug": _sorted_prices,
+    # A rectangle's area and perimeter: w x h is h x w.
+    "missing_function": _sorted_sides,
+}
+
+
+def key_values(name: str, made: Made) -> str:
+    """The drawn values of template ``name`` that decide the task, in an order-free form."""
+    canonical = UNORDERED.get(name)
+    return made.values if canonical is None else canonical(made)
+
+
 def problem(name: str, made: Made) -> Problem:
     # The drawn values can be long (whole files): the key carries their digest.
-    digest = hashlib.blake2b(made.values.encode(), digest_size=8).hexdigest()
+    digest = hashlib.blake2b(key_values(name, made).encode(), digest_size=8).hexdigest()
     checks = [
         {"name": c.name, "message": c.message, "probe": c.probe.to_metadata()} for c in made.checks
     ]
