@@ -6,11 +6,12 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
-# Test processes of `make test`: most integration tests wait on servers, containers and
-# subprocesses, so two workers on two cores finish in little more than half the time.
-# Tests sharing a heavy resource (the CPU SGLang server, the Docker engine) stay on one
-# worker (tests/conftest.py GROUPS). TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 2
+# pytest-xdist workers for the test targets (empty: one process). On a machine with cores
+# to spare, TEST_WORKERS=4 spreads the tests; those sharing a heavy resource (the CPU
+# SGLang server, the Docker engine) stay on one worker (tests/conftest.py GROUPS). On two
+# cores the suite is CPU-bound and two workers took longer than one process.
+TEST_WORKERS ?=
+WORKERS := $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup)
 
 .PHONY: venv sglang-venv run test test-fast test-unit test-integration compose-test bench lint fixtures schema clean
 
@@ -38,18 +39,18 @@ run: venv
 
 # pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
 test: venv sglang-venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/python -m pytest $(WORKERS) --durations=20 $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
 # The unit tier: no process, no server (tests/unit/conftest.py refuses them); minutes, not tens.
 test-fast: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) tests/unit --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(WORKERS) tests/unit --durations=20 $(PYTEST_ARGS)
 
 test-unit: test-fast
 
 test-integration: venv
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(WORKERS) tests/integration $(PYTEST_ARGS)
 
 # The compose stack with host networking, end to end (deploy/compose/test.py): the offline
 # image (cached), up, tasks until a policy update, two validators and two sandbox services,
