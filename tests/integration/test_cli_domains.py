@@ -42,7 +42,7 @@ async def test_the_validator_answers_on_the_domains_subject(nats_url: str) -> No
     first, last = answers[0], answers[-1]
     assert [d.name for d in first.domains][:2] == ["arithmetic", "arithmetic_sum3"]
     assert first.validator == "validator/val-domains"
-    assert first.domains[0].eval_size == 21
+    assert first.domains[0].eval_size == 12
     assert all(d.eval_size is not None and d.eval_size > 0 for d in last.domains)
     error = REPLIES.decode(bad.data)
     assert isinstance(error, ErrorReply)
@@ -72,7 +72,7 @@ async def test_without_a_validator_it_says_so_and_local_still_works() -> None:
     local = await temper(url, "domains", "--local", "--json", "arithmetic")
     assert local.code == 0, local.err
     [arithmetic] = json.loads(local.out)["domains"]
-    assert arithmetic["prompt_template"] == "{question}=" and arithmetic["eval_size"] == 21
+    assert arithmetic["prompt_template"] == "{question}=" and arithmetic["eval_size"] == 12
 
 
 async def test_no_responders_is_a_clear_error(nats_url: str) -> None:
