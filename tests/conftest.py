@@ -12,6 +12,7 @@ import pytest
 
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
 from services.sandbox.docker_backend import docker_problem
+from tests import watchdog
 from tests.required import unavailable
 from tests.sglang_fixtures import (  # noqa: F401  (fixtures, used by name)
     sglang_python,
@@ -38,6 +39,10 @@ GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
 )
 #: Files in a group by what they run rather than by a fixture (the compose stack's own image).
 FILE_GROUPS: dict[str, str] = {"test_compose.py": "docker"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    watchdog.install(config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -44,6 +44,8 @@ class _ConsumerDeps(TypedDict):
 
 #: Metrics source label of the health and ping responders.
 CONTROL = "control-plane"
+#: How long a stop waits for its cancelled tasks before it cancels them again.
+CANCEL_RETRY_S = 1.0
 
 
 class ServiceNotStarted(RuntimeError):
@@ -82,6 +84,8 @@ class Service:
         self._control: list[Responder[Any]] = []
         self._work: list[asyncio.Task[None]] = []
         self._runner: asyncio.Task[None] | None = None
+        #: Every task of the runner's TaskGroup, so a stop can cancel each one again.
+        self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: MetricsServer | None = None
         self._starting = False
         self._stopping = False
@@ -337,21 +341,23 @@ class Service:
     async def _run(self) -> None:
         try:
             async with asyncio.TaskGroup() as group:
-                for consumer in self._consumers:
-                    self._work.append(group.create_task(consumer.run()))
-                for responder in self._responders:
-                    self._work.append(group.create_task(responder.run()))
-                for control in self._control:
-                    group.create_task(control.run())
-                group.create_task(self._every(self.runtime.heartbeat_s, self._send_heartbeat))
-                group.create_task(self._every(self.runtime.stats_s, self._send_stats))
-                group.create_task(self._follow_reconnects())
-                for work in self.background():
-                    group.create_task(work)
+                intake = [c.run() for c in self._consumers] + [r.run() for r in self._responders]
+                self._work = [group.create_task(work) for work in intake]
+                self._tasks = [*self._work, *(group.create_task(w) for w in self._loops())]
         except* Exception as group_error:
             self.failure = group_error
             self.log.error("service_failed", error=repr(group_error.exceptions[0]))
             self.crashed.set()
+
+    def _loops(self) -> list[Coroutine[Any, Any, None]]:
+        """What the runner runs besides intake (``_work``, which a stop waits for)."""
+        return [
+            *(control.run() for control in self._control),
+            self._every(self.runtime.heartbeat_s, self._send_heartbeat),
+            self._every(self.runtime.stats_s, self._send_stats),
+            self._follow_reconnects(),
+            *self.background(),
+        ]
 
     async def _follow_reconnects(self) -> None:
         reconnects = self.bus.reconnects
@@ -413,9 +419,15 @@ class Service:
         self.log.info("in_flight_done")
 
     async def _stop_runner(self) -> None:
-        if self._runner is not None and not self._runner.done():
-            self._runner.cancel()
-            await asyncio.wait([self._runner])
+        runner = self._runner
+        while runner is not None and not runner.done():
+            # Python 3.11's asyncio.wait_for, inside nats-py's request and fetch, returns a
+            # result that arrives together with the cancel and drops the cancel: a loop
+            # answered at that moment runs on.  Cancel what still runs until it has stopped.
+            runner.cancel()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.wait([runner], timeout=CANCEL_RETRY_S)
 
     async def wait_stopped(self) -> None:
         await self.stopped.wait()

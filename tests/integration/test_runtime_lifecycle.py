@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Coroutine
+from typing import Any
 
 from protocol import subjects
 from protocol.messages import Heartbeat, ServiceState, Stats, Task
@@ -197,3 +199,36 @@ async def _http_get(host: str, port: int, path: str, expect: bytes = b"200") -> 
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == expect, head
     return body.decode()
+
+
+class ForgetfulLoop(TaskService):
+    """A background loop that drops the first cancel it gets, as Python 3.11's wait_for does
+    when a request's answer arrives together with the cancel (nats-py's request and fetch)."""
+
+    def __init__(self, nats_url: str) -> None:
+        super().__init__(runtime(nats_url))
+        self.cancels = 0
+        self.looping = asyncio.Event()
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._loop()]
+
+    async def _loop(self) -> None:
+        while True:
+            self.looping.set()
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                self.cancels += 1
+                if self.cancels > 1:
+                    raise
+
+
+async def test_stop_ends_a_loop_that_dropped_a_cancel(nats_url: str) -> None:
+    service = ForgetfulLoop(nats_url)
+    await service.start()
+    async with asyncio.timeout(10):
+        await service.looping.wait()
+        await service.stop()
+    assert service.cancels == 2
+    assert service.state is ServiceState.STOPPED
