@@ -11,7 +11,10 @@ PYTEST_ARGS ?=
 # SGLang server, the Docker engine) stay on one worker (tests/conftest.py GROUPS). On two
 # cores the suite is CPU-bound and two workers took longer than one process.
 TEST_WORKERS ?=
+# Each worker's torch (and what it starts) runs one thread: two workers with a thread per
+# core each spin-wait against each other and run slower than one process.
 WORKERS := $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup)
+WORKER_ENV := $(if $(TEST_WORKERS),OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1})
 
 .PHONY: venv sglang-venv run test test-fast test-unit test-integration compose-test bench lint fixtures schema clean
 
@@ -39,7 +42,7 @@ run: venv
 
 # pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
 test: venv sglang-venv
-	$(BIN)/python -m pytest $(WORKERS) --durations=20 $(PYTEST_ARGS); status=$$?; \
+	$(WORKER_ENV) $(BIN)/python -m pytest $(WORKERS) --durations=20 $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
