@@ -44,6 +44,7 @@ class ServiceEntry:
 
 BUILTIN: Mapping[str, ServiceEntry] = {
     "control": ServiceEntry("control", "services.control:ControlService"),
+    "feeder": ServiceEntry("feeder", "services.feeder.service:FeederService"),
     "sandbox": ServiceEntry("sandbox", "services.sandbox.service:SandboxService"),
     "validator": ServiceEntry("validator", "services.validator.service:ValidatorService"),
     "generator": ServiceEntry("generator", "services.generator.service:GeneratorService"),

@@ -8,11 +8,10 @@ slot while the others wait.  A task is done once its whole group is scored.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
@@ -22,41 +21,10 @@ from protocol import subjects
 from protocol.codec import encode
 from protocol.messages import Task
 from services.domains import Domain
+from services.feeder.mix import domain_bounds, draw_domains
 
 #: A task not done after this long (a sample dead-lettered) stops counting as in flight.
 GIVE_UP_S = 300.0
-#: A domain holds at most this many times its weighted share of the in-flight tasks.
-DOMAIN_SLACK = 1.5
-
-
-def domain_bounds(in_flight: int, weights: Mapping[str, float]) -> dict[str, int]:
-    """Most tasks in flight per domain: its share of ``in_flight`` with some slack, >= 1."""
-    total = sum(weights.values())
-    return {
-        name: max(1, math.ceil(DOMAIN_SLACK * in_flight * weight / total))
-        for name, weight in weights.items()
-    }
-
-
-def draw_domains(
-    count: int,
-    weights: Mapping[str, float],
-    open_tasks: Mapping[str, int],
-    bounds: Mapping[str, int],
-    rng: random.Random,
-) -> list[str]:
-    """Up to ``count`` domain names, each drawn by weight among the domains still below
-    their bound (fewer when every domain is at its bound)."""
-    room = {name: bounds[name] - open_tasks.get(name, 0) for name in weights}
-    drawn: list[str] = []
-    for _ in range(count):
-        names = [name for name in weights if room[name] > 0]
-        if not names:
-            break
-        name = rng.choices(names, [weights[n] for n in names])[0]
-        room[name] -= 1
-        drawn.append(name)
-    return drawn
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -69,6 +69,8 @@ class ConsumerSpec:
     #: After this many deliveries a failing message goes to the dead-letter stream.
     max_deliver: int = 5
     max_ack_pending: int = 1024
+    #: Only messages stored after the durable was made (else the whole stream, oldest first).
+    new_only: bool = False
 
 
 def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
@@ -76,7 +78,7 @@ def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
         durable_name=spec.durable,
         filter_subject=spec.filter_subject,
         ack_policy=api.AckPolicy.EXPLICIT,
-        deliver_policy=api.DeliverPolicy.ALL,
+        deliver_policy=api.DeliverPolicy.NEW if spec.new_only else api.DeliverPolicy.ALL,
         ack_wait=spec.ack_wait_s,
         max_deliver=spec.max_deliver,
         max_ack_pending=spec.max_ack_pending,

@@ -24,9 +24,9 @@ from services.cli.runconfig import (
     to_toml,
 )
 from services.cli.train import cmd_train
-from services.cli.train_feeder import DOMAIN_SLACK, domain_bounds, draw_domains
 from services.cli.train_policy import mix_identity
 from services.domains import load_registry
+from services.feeder.mix import DOMAIN_SLACK, domain_bounds, draw_domains
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "deploy" / "runs" / "arithmetic.toml"

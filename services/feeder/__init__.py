@@ -1,0 +1,1 @@
+"""The feeder: keeps the learner fed from a mix of domains, resume-safe."""
