@@ -44,13 +44,35 @@ class ServiceEntry:
 
 BUILTIN: Mapping[str, ServiceEntry] = {
     "control": ServiceEntry("control", "services.control:ControlService"),
-    "feeder": ServiceEntry("feeder", "services.feeder.service:FeederService"),
     "sandbox": ServiceEntry("sandbox", "services.sandbox.service:SandboxService"),
     "validator": ServiceEntry("validator", "services.validator.service:ValidatorService"),
     "generator": ServiceEntry("generator", "services.generator.service:GeneratorService"),
     "replay": ServiceEntry("replay", "services.replay.service:ReplayService"),
     "learner": ServiceEntry("learner", "services.learner.service:LearnerService"),
 }
+#: Built in, but not part of every stack: ``temper up`` starts one only when it is named or
+#: its setting (the value) is set; compose and the manifests leave it out.
+ON_REQUEST: Mapping[str, tuple[ServiceEntry, str]] = {
+    "feeder": (
+        ServiceEntry("feeder", "services.feeder.service:FeederService"),
+        "TEMPER_FEEDER_MIX",
+    ),
+}
+
+
+#: The services whose ``/metrics`` port is fixed by their place here (the feeder came later:
+#: it goes after them, so their ports did not move).
+PORT_ORDER: tuple[str, ...] = ("control", "generator", "learner", "replay", "sandbox", "validator")
+
+
+def default_services(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """What ``temper up`` starts when no service is named: every registered service, less
+    those on request whose setting ``environ`` does not set."""
+    return tuple(
+        name
+        for name in sorted(entries())
+        if name not in ON_REQUEST or environ.get(ON_REQUEST[name][1])
+    )
 
 
 #: ``temper up``'s first ``/metrics`` port (see :func:`metrics_ports`).
@@ -59,17 +81,16 @@ METRICS_PORT_BASE = 9460
 
 def metrics_ports(names: Iterable[str], base: int = METRICS_PORT_BASE) -> dict[str, int]:
     """The ``/metrics`` port of each service: ``base`` plus its place among the built-in
-    services sorted by name (control, generator, learner, replay, sandbox, validator), then
+    services in ``PORT_ORDER`` (control, generator, learner, replay, sandbox, validator), then
     the other registered ones sorted by name.  The place does not depend on which services
     run, so one static scrape config fits every stack; ``base`` 0 gives each a free port.
     """
-    builtin = sorted(BUILTIN)
-    order = [*builtin, *sorted(set(entries()) - set(builtin))]
+    order = [*PORT_ORDER, *sorted(set(entries()) - set(PORT_ORDER))]
     return {name: base + order.index(name) if base else 0 for name in names}
 
 
 def entries() -> dict[str, ServiceEntry]:
-    found = dict(BUILTIN)
+    found = {**BUILTIN, **{name: entry for name, (entry, _) in ON_REQUEST.items()}}
     for point in entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(point.name, ServiceEntry(point.name, point.value))
     return found

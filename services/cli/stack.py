@@ -116,7 +116,7 @@ def register(commands: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    names = tuple(args.services or sorted(registry.entries()))
+    names = tuple(args.services or registry.default_services(os.environ))
     for name in names:
         try:
             registry.lookup(name)

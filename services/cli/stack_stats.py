@@ -17,6 +17,7 @@ from protocol import subjects
 from protocol.codec import Codec
 from protocol.errors import DecodeError
 from protocol.messages import Stats
+from services.feeder.figures import by_domain
 
 
 class LastStats:
@@ -40,3 +41,24 @@ class LastStats:
             for key, s in sorted(self.latest.items())
         }
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+#: The feeder's per-domain figures, in the order a line gives them.
+_FED = ("drawn", "done", "in_flight", "filtered", "epoch", "pool_easy", "pool_normal", "pool_hard")
+
+
+def fed_lines(stats: LastStats) -> list[str]:
+    """One line per domain of what the feeder drew, from its last stats."""
+    lines = []
+    for entry in stats.latest.values():
+        if entry.service != "feeder":
+            continue
+        for name, f in sorted(by_domain(entry.values).items()):
+            got = {key: int(f.get(key, 0)) for key in _FED}
+            lines.append(
+                f"fed {name}: {got['drawn']} tasks drawn, {got['done']} done, "
+                f"{got['in_flight']} in flight, {got['filtered']} filtered (all alike); "
+                f"epoch {got['epoch']}, pools easy/normal/hard "
+                f"{got['pool_easy']}/{got['pool_normal']}/{got['pool_hard']}"
+            )
+    return lines

@@ -39,8 +39,7 @@ from services.cli.runconfig import (
     plan_of,
     to_toml,
 )
-from services.cli.stack_stats import LastStats
-from services.cli.train_feeder import Feeder, FeedPlan
+from services.cli.stack_stats import LastStats, fed_lines
 from services.cli.train_policy import prepare_policy
 from services.cli.train_view import Progress, heldout_lines, plot, say, summary
 from services.evaluation.heldout import HeldoutSet
@@ -51,7 +50,7 @@ from services.supervisor import StackSettings, Supervisor
 
 __all__ = ["SERVICES", "TrainPlan", "cmd_train", "prepare_policy", "register"]
 
-SERVICES = ("control", "generator", "validator", "replay", "learner")
+SERVICES = ("control", "feeder", "generator", "validator", "replay", "learner")
 #: Longest wait for the final held-out evaluation once training time is up.
 _FINAL_EVAL_S = 180.0
 
@@ -147,6 +146,7 @@ def _stack(plan: TrainPlan, domains: RunDomains, model: Path) -> StackSettings:
         # (trained, not yet committed) rollouts well inside the replay buffer's capacity.
         "TEMPER_LEARNER_CHECKPOINT_EVERY": "2",
         "TEMPER_STATS_S": "2",
+        **_feeder_env(plan, domains),
     }
     services = SERVICES + _domain_env(domains, env)
     return StackSettings(run_dir=plan.run_dir, nats_port=plan.nats_port, services=services, env=env)
@@ -156,7 +156,7 @@ def _domain_env(domains: RunDomains, env: dict[str, str]) -> tuple[str, ...]:
     """Point the services at the run's domains; the sandbox service joins the stack when a
     domain's tools or tests run code.  Returns the services to add."""
     if domains.config is not None:
-        for service in ("GENERATOR", "VALIDATOR", "LEARNER"):
+        for service in ("FEEDER", "GENERATOR", "VALIDATOR", "LEARNER"):
             env[f"TEMPER_{service}_DOMAINS_CONFIG"] = str(domains.config)
     every = [domain for domain, _ in domains.train] + list(domains.eval)
     if not domains_needing_sandbox(every):
@@ -167,6 +167,17 @@ def _domain_env(domains: RunDomains, env: dict[str, str]) -> tuple[str, ...]:
     env["TEMPER_SANDBOX_POOL_SIZE"] = "2"
     check_stack(("validator", "sandbox"), {**os.environ, **env})
     return ("sandbox",)
+
+
+def _feeder_env(plan: TrainPlan, domains: RunDomains) -> dict[str, str]:
+    """The feeder draws the mix, its cursor and pools kept in the run folder."""
+    return {
+        "TEMPER_FEEDER_MIX": ",".join(f"{d.name}={weight}" for d, weight in domains.train),
+        "TEMPER_FEEDER_IN_FLIGHT": str(plan.in_flight),
+        "TEMPER_FEEDER_GROUP": str(plan.group),
+        "TEMPER_FEEDER_SEED": str(plan.seed),
+        "TEMPER_FEEDER_STATE_DIR": str(plan.run_dir / "feeder"),
+    }
 
 
 def _min_samples(plan: TrainPlan) -> int:
@@ -193,10 +204,6 @@ class _Run:
     def __init__(self, plan: TrainPlan, domains: RunDomains, nc: NATS) -> None:
         from services.learner.metrics import Scalars
 
-        mix = FeedPlan(
-            mix=domains.train, in_flight=plan.in_flight, group=plan.group, seed=plan.seed
-        )
-        self.feeder = Feeder(nc, mix)
         sets = [HeldoutSet.of(domain, limit=plan.eval_problems) for domain in domains.eval]
         out = plan.run_dir / "eval" / "heldout.jsonl"
         self.runner = HeldoutRunner(nc, sets, plan.eval_samples, out)
@@ -208,7 +215,6 @@ class _Run:
         say(f"held-out: {counts} (problems of the eval split)")
 
     async def start(self) -> None:
-        await self.feeder.start()
         await self.runner.start()
 
     def collect(self) -> None:
@@ -255,7 +261,7 @@ async def _run_until_done(
         steps=loop.steps,
         heldout=loop.runner.results,
         started_at=clock.started_at,
-        fed=[f"fed {line}" for line in loop.feeder.statistics()],
+        fed=fed_lines(last_stats),
     )
 
 
@@ -265,7 +271,6 @@ async def _train_until_done(
     """Keep the feed topped up and evaluate every ``eval_every`` versions until done."""
     next_eval = plan.eval_every or None
     while not stop.is_set() and not _done(plan, clock, loop.steps) and not watcher.done():
-        await _while_bus_is_up(loop.feeder.top_up())
         loop.collect()
         version = loop.version()
         if next_eval is not None and version >= next_eval and not loop.runner.busy:

@@ -29,6 +29,7 @@ from protocol.codec import Codec
 from protocol.messages import ScoredRollout, ScoreStatus, Task
 from services.domains import Domain, load_registry
 from services.feeder.dataset import Dataset, Visit, moved, pool_sizes
+from services.feeder.figures import key as figures_key
 from services.feeder.mix import domain_bounds, draw_domains, parse_mix
 from services.feeder.settings import FeederSettings
 from services.feeder.state import DomainState, FeederState, OpenTask, StateStore
@@ -56,6 +57,8 @@ class FeederService(Service):
         self.store = StateStore(settings.state_dir)
         self.progress = FeederState()
         self._saving = asyncio.Lock()
+        #: Changes made, and changes the file holds, counted by ``_save``.
+        self._changes = self._written = 0
         self.datasets: dict[str, Dataset] = {}
         #: Domain -> why it is out of the mix (its generator raised).
         self.quarantined: dict[str, str] = {}
@@ -153,10 +156,17 @@ class FeederService(Service):
             )
 
     async def _save(self) -> None:
-        # Encoded here, where nothing changes it meanwhile; written off the loop, in order.
-        encoded = msgspec.json.encode(self.progress)
+        """Returns once the file holds every change made before the call.  Calls that queue
+        behind a write find theirs written by the next one: one write serves them all."""
+        self._changes += 1
+        wanted = self._changes
         async with self._saving:
+            if self._written >= wanted:
+                return
+            # Encoded here, where nothing changes it meanwhile; written off the loop.
+            covered, encoded = self._changes, msgspec.json.encode(self.progress)
             await asyncio.to_thread(self.store.write, encoded)
+            self._written = covered
 
     def _forget_stuck(self) -> None:
         # A task that never completes (a sample dead-lettered) must not stall the feed.
@@ -204,11 +214,22 @@ class FeederService(Service):
         return Counter(task.domain for task in self.progress.open.values())
 
     def health(self) -> tuple[bool, str]:
+        """``temper status`` shows the detail: per domain what was drawn, what is in flight,
+        what was filtered and the pool sizes; quarantined domains first, with their error."""
         ok, detail = super().health()
-        if self.quarantined:
-            names = "; ".join(f"{n}: {e}" for n, e in sorted(self.quarantined.items()))
-            return ok, detail or f"quarantined {names}"
-        return ok, detail or f"{len(self.progress.open)} tasks in flight"
+        if detail:
+            return ok, detail
+        parts = [f"{n} QUARANTINED ({e})" for n, e in sorted(self.quarantined.items())]
+        flying = self.open_by_domain()
+        for name, dataset in self.datasets.items():
+            state = self.progress.domain(name)
+            pools = pool_sizes(dataset, state, self.settings)
+            parts.append(
+                f"{name}: drawn {state.drawn}, in flight {flying[name]}, "
+                f"filtered {state.filtered}, pools {pools['easy']}/{pools['normal']}/"
+                f"{pools['hard']}"
+            )
+        return ok, "; ".join(parts)
 
     def statistics(self) -> dict[str, float]:
         values = super().statistics()
@@ -232,4 +253,4 @@ class FeederService(Service):
         }
         for pool, size in pool_sizes(dataset, state, self.settings).items():
             figures[f"pool_{pool}"] = size
-        return {f"domain.{name}.{key}": float(value) for key, value in figures.items()}
+        return {figures_key(name, figure): float(value) for figure, value in figures.items()}

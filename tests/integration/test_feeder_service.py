@@ -85,6 +85,8 @@ async def test_the_mix_stays_in_bounds_and_scored_groups_fill_the_pools(
             assert (pools["easy"], pools["hard"]) == (1, 1)
             assert sum(figures[f"domain.{d}.filtered"] for d in service.weights) == 2
             assert sum(figures[f"domain.{d}.done"] for d in service.weights) == 3
+            # What `temper status` shows for the feeder.
+            assert "arithmetic_sum4: drawn" in service.health()[1]
         # A restarted feeder has the same pools, counts and open tasks: it publishes nothing
         # more until a group is done.
         async with feeder(nats_url, tmp_path / "feeder", instance="g") as again:

@@ -170,6 +170,19 @@ _STATS = {
         "sent_at": 1.0,
         "values": {"executed": 300.0, "uptime_s": 60.0, "failed": 2.0, "sessions": 1.0},
     },
+    "feeder/f1": {
+        "service": "feeder",
+        "sent_at": 1.0,
+        "values": {
+            "tasks_in_flight": 8.0,
+            "domain.alpha.drawn": 120.0,
+            "domain.alpha.filtered": 7.0,
+            "domain.alpha.pool_easy": 11.0,
+            "domain.alpha.pool_normal": 90.0,
+            "domain.alpha.pool_hard": 4.0,
+            "domain.beta.drawn": 40.0,
+        },
+    },
 }
 
 
@@ -440,4 +453,19 @@ def test_heldout_change_headers_name_each_column(
     assert (
         "| domain | start version | start greedy | end version | end greedy | change | chance |"
         in section
+    )
+
+
+def test_feeder_section_shows_each_domains_draw_filtering_and_pools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    section = _markdown_section(
+        write_run(tmp_path / "run"), "Feeder: draw, filtering and pools", capsys
+    )
+    assert "| alpha | 120 | 0 | 7 | 0 | 0 | 11 | 90 | 4 |" in section
+    assert "| beta | 40 |" in section
+    run = write_run(tmp_path / "bare")
+    (run / "stats.json").write_text("{}")
+    assert "no feeder service ran" in _markdown_section(
+        run, "Feeder: draw, filtering and pools", capsys
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.evaluation.report import sections, system_sections
+from services.evaluation.report import feeder_section, sections, system_sections
 from services.evaluation.report.document import Section
 from services.evaluation.report.run_data import RunData
 from services.evaluation.watch import review
@@ -14,6 +14,7 @@ SECTION_IDS = (
     "heldout",
     "staleness",
     "throughput",
+    "feeder",
     "sandbox",
     "tiers",
     "watch",
@@ -29,6 +30,7 @@ def build(run: RunData, draw: bool) -> tuple[Section, ...]:
         sections.heldout(run, draw),
         sections.staleness(run, draw),
         sections.throughput(run, draw),
+        feeder_section.feeder(run),
         system_sections.sandbox(run, draw),
         system_sections.tiers(run),
         system_sections.watch_section(found),
