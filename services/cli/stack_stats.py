@@ -17,7 +17,7 @@ from protocol import subjects
 from protocol.codec import Codec
 from protocol.errors import DecodeError
 from protocol.messages import Stats
-from services.feeder.figures import by_domain
+from services.runtime.domain_figures import by_domain
 
 
 class LastStats:

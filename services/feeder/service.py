@@ -29,11 +29,11 @@ from protocol.codec import Codec
 from protocol.messages import ScoredRollout, ScoreStatus, Task
 from services.domains import Domain, load_registry
 from services.feeder.dataset import Dataset, Visit, moved, pool_sizes
-from services.feeder.figures import key as figures_key
 from services.feeder.mix import domain_bounds, draw_domains, parse_mix
 from services.feeder.settings import FeederSettings
 from services.feeder.state import DomainState, FeederState, OpenTask, StateStore
 from services.runtime.consumer import ConsumerTuning, Delivery
+from services.runtime.domain_figures import key as figures_key
 from services.runtime.jetstream import ConsumerSpec
 from services.runtime.service import Service
 from services.runtime.settings import SettingsError

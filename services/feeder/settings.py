@@ -28,7 +28,7 @@ class FeederSettings:
     #: Samples per task; 0 keeps each domain's own group size.
     group: int = 0
     #: Distinct training problems per domain in its dataset (fewer when the domain has fewer).
-    dataset_size: int = 512
+    dataset_size: int = 2048
     seed: int = 0
     filter: Filter = "count"
     #: A problem whose last group passed at least this often is in the easy pool ...

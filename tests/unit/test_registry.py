@@ -124,3 +124,20 @@ def test_a_plugin_that_is_not_a_service_is_refused(monkeypatch: pytest.MonkeyPat
     plugins(monkeypatch, bogus=f"{__name__}:NotAService")
     with pytest.raises(TypeError, match="not a Service subclass"):
         registry.build("bogus", {})
+
+
+def test_the_feeder_starts_only_with_a_mix_and_its_port_follows_the_six() -> None:
+    assert "feeder" in registry.entries()
+    assert "feeder" not in registry.default_services({})
+    with_mix = registry.default_services({"TEMPER_FEEDER_MIX": "arithmetic"})
+    assert with_mix == (
+        "control",
+        "feeder",
+        "generator",
+        "learner",
+        "replay",
+        "sandbox",
+        "validator",
+    )
+    ports = registry.metrics_ports(["feeder", *registry.PORT_ORDER])
+    assert ports["feeder"] == 9466 and ports["validator"] == 9465 and ports["control"] == 9460

@@ -1,8 +1,8 @@
 """The rooms of ``services/`` keep to themselves (docs/architecture.md).
 
-- A service package (every built-in service of the registry) imports no other service's
-  package, except that service's bus client (``services.<service>.client``): services talk
-  over NATS, never through each other's code.
+- A service package (every built-in service of the registry, those on request included)
+  imports no other service's package, except that service's bus client
+  (``services.<service>.client``): services talk over NATS, never through each other's code.
 - A shared room (runtime, model, engines, domains, evaluation) imports no service and no
   top room: it is what the services are built from.
 - The top rooms (the CLI, the supervisor, the registry) start services and may import any.
@@ -16,10 +16,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from services.registry import BUILTIN
+from services.registry import BUILTIN, ON_REQUEST
 
 ROOT = Path(__file__).resolve().parents[2] / "services"
-SERVICES = frozenset(entry.target.split(":")[0].split(".")[1] for entry in BUILTIN.values())
+BUILT_IN = [*BUILTIN.values(), *(entry for entry, _ in ON_REQUEST.values())]
+SERVICES = frozenset(entry.target.split(":")[0].split(".")[1] for entry in BUILT_IN)
 SHARED = frozenset({"runtime", "model", "engines", "domains", "evaluation"})
 TOP = frozenset({"cli", "supervisor", "registry", "__main__"})
 #: The one module of a service that others may import: its client over the bus.

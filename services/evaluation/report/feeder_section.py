@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.evaluation.report.document import Block, Section, Table
 from services.evaluation.report.run_data import RunData
-from services.feeder.figures import by_domain
+from services.runtime.domain_figures import by_domain
 
 #: (column, figure) in table order.
 COLUMNS = (

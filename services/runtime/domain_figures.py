@@ -1,4 +1,5 @@
-"""The feeder's per-domain figures as they travel on the stats subject."""
+"""Per-domain figures on the stats subject: figure ``f`` of domain ``d`` is ``domain.<d>.<f>``
+(the validator's rates, the feeder's draw and pools)."""
 
 from __future__ import annotations
 
