@@ -88,6 +88,13 @@ def register(commands: Any) -> None:
         "generator, learner, replay, sandbox, validator (default: %(default)s; 0: free ports)",
     )
     up.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
+    up.add_argument(
+        "--config",
+        type=Path,
+        metavar="RUN.toml",
+        help="a run config (deploy/runs/): the feeder starts with its mix, and every service "
+        "reads its domains",
+    )
     up.set_defaults(run=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
@@ -116,7 +123,8 @@ def register(commands: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    names = tuple(args.services or registry.default_services(os.environ))
+    configured = run_config_env(args)
+    names = tuple(args.services or registry.default_services({**os.environ, **configured}))
     for name in names:
         try:
             registry.lookup(name)
@@ -135,13 +143,22 @@ def cmd_up(args: argparse.Namespace) -> int:
         stream_replicas=args.stream_replicas,
         services=names,
         stop_grace_s=args.grace,
-        env=policy_env(args, names),
+        env={**policy_env(args, names), **configured},
         metrics_ports=metrics_ports(args, names),
     )
     try:
         return run(lambda: _up(settings))
     except NatsServerError as error:
         raise CliError(str(error)) from None
+
+
+def run_config_env(args: argparse.Namespace) -> dict[str, str]:
+    """The services' environment from ``--config``, if given (``temper train``'s reading)."""
+    if args.config is None:
+        return {}
+    from services.cli.train import up_env
+
+    return up_env(args.config, args.run_dir.resolve())
 
 
 def metrics_ports(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, int]:

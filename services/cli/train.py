@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import tempfile
@@ -39,6 +40,7 @@ from services.cli.runconfig import (
     plan_of,
     to_toml,
 )
+from services.cli.runconfig.reading import Layer, read_file, resolve
 from services.cli.stack_stats import LastStats, fed_lines
 from services.cli.train_policy import prepare_policy
 from services.cli.train_view import Progress, heldout_lines, plot, say, summary
@@ -178,6 +180,22 @@ def _feeder_env(plan: TrainPlan, domains: RunDomains) -> dict[str, str]:
         "TEMPER_FEEDER_SEED": str(plan.seed),
         "TEMPER_FEEDER_STATE_DIR": str(plan.run_dir / "feeder"),
     }
+
+
+def up_env(config: Path, run_dir: Path) -> dict[str, str]:
+    """``temper up --config RUN.toml``: the feeder's mix and every service's domains from a
+    run config, the feeder's state under ``run_dir``.  The other keys are ``temper
+    train``'s: ``temper up`` takes the services' settings from its flags and environment."""
+    try:
+        plan = dataclasses.replace(resolve(read_file(config), Layer()), run_dir=run_dir)
+        domains = load_domains(plan, run_dir / "domains")
+    except RunConfigError as error:
+        raise CliError(str(error), 2) from None
+    env = _feeder_env(plan, domains)
+    if domains.config is not None:
+        for service in ("FEEDER", "GENERATOR", "VALIDATOR", "LEARNER"):
+            env[f"TEMPER_{service}_DOMAINS_CONFIG"] = str(domains.config.resolve())
+    return env
 
 
 def _min_samples(plan: TrainPlan) -> int:

@@ -457,3 +457,25 @@ def test_the_summary_shows_the_macro_average_and_each_domain() -> None:
     lines = heldout_lines(end)
     assert lines[0].startswith("held-out (macro average) v9 at 1 s: greedy 50.0%")
     assert lines[1].startswith("  a: greedy 60.0%") and lines[2].startswith("  b: greedy 40.0%")
+
+
+def test_up_with_a_run_config_starts_the_feeder_on_its_mix(tmp_path: Path) -> None:
+    from services import registry
+    from services.cli.train import up_env
+
+    args = build_parser().parse_args(["up", "--config", "run.toml"])
+    assert args.config == Path("run.toml")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        '[[domains]]\nname = "arithmetic_sum4"\nweight = 3\n\n'
+        '[[domains]]\nname = "arithmetic"\n\n[feeder]\nin_flight = 12\n'
+    )
+    env = up_env(config, tmp_path / "run")
+    assert env["TEMPER_FEEDER_MIX"] == "arithmetic_sum4=3.0,arithmetic=1.0"
+    assert env["TEMPER_FEEDER_IN_FLIGHT"] == "12"
+    assert env["TEMPER_FEEDER_STATE_DIR"] == str(tmp_path / "run" / "feeder")
+    assert "feeder" in registry.default_services(env)
+    config.write_text('[[domains]]\nname = "no_such_domain"\n')
+    with pytest.raises(CliError, match=r"run\.toml.*no_such_domain") as refused:
+        up_env(config, tmp_path / "run")
+    assert refused.value.exit_code == 2
