@@ -136,6 +136,8 @@ async def most_consumers(js: JetStreamContext, seen: list[int]) -> None:
         await asyncio.sleep(0.02)
 
 
+# Past the two 60 s waits inside, so a slow run fails there, naming the wait, not here.
+@pytest.mark.timeout(180)
 async def test_ten_thousand_tasks_are_waited_for_through_one_consumer(
     nats_url: str, nc: NATS, tmp_path: Path
 ) -> None:
