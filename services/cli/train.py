@@ -157,9 +157,7 @@ def _stack(plan: TrainPlan, domains: RunDomains, model: Path) -> StackSettings:
 def _domain_env(domains: RunDomains, env: dict[str, str]) -> tuple[str, ...]:
     """Point the services at the run's domains; the sandbox service joins the stack when a
     domain's tools or tests run code.  Returns the services to add."""
-    if domains.config is not None:
-        for service in ("FEEDER", "GENERATOR", "VALIDATOR", "LEARNER"):
-            env[f"TEMPER_{service}_DOMAINS_CONFIG"] = str(domains.config)
+    env.update(_domains_config_env(domains))
     every = [domain for domain, _ in domains.train] + list(domains.eval)
     if not domains_needing_sandbox(every):
         return ()
@@ -191,11 +189,17 @@ def up_env(config: Path, run_dir: Path) -> dict[str, str]:
         domains = load_domains(plan, run_dir / "domains")
     except RunConfigError as error:
         raise CliError(str(error), 2) from None
-    env = _feeder_env(plan, domains)
-    if domains.config is not None:
-        for service in ("FEEDER", "GENERATOR", "VALIDATOR", "LEARNER"):
-            env[f"TEMPER_{service}_DOMAINS_CONFIG"] = str(domains.config.resolve())
-    return env
+    return {**_feeder_env(plan, domains), **_domains_config_env(domains)}
+
+
+def _domains_config_env(domains: RunDomains) -> dict[str, str]:
+    """Every service that builds tasks or scores them reads the run's domains config."""
+    if domains.config is None:
+        return {}
+    path = str(domains.config.resolve())
+    return {
+        f"TEMPER_{s}_DOMAINS_CONFIG": path for s in ("FEEDER", "GENERATOR", "VALIDATOR", "LEARNER")
+    }
 
 
 def _min_samples(plan: TrainPlan) -> int:

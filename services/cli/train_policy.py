@@ -36,6 +36,7 @@ def prepare_policy(plan: TrainPlan, domains: RunDomains) -> Path:
         examples=4096,
         target_accuracy=plan.warmup_target,
         check_every=10,
+        progress=True,
     )
     sources = [*(MODEL_ROOT / "model").glob("*.py"), *(MODEL_ROOT / "domains").rglob("*.py")]
     key = recipe_key([*mix_identity(plan, domains.train), repr(config)], sources)

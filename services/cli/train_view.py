@@ -138,8 +138,15 @@ def _change(start: dict[str, Any], end: dict[str, Any]) -> str:
         f"greedy accuracy {start['greedy_accuracy']:.1%} (v{start['version']}) -> "
         f"{end['greedy_accuracy']:.1%} (v{end['version']}): {100 * gain:+.1f} points on "
         f"{end['problems']} problems never trained on; sampled {start['sampled_accuracy']:.1%}"
-        f" -> {end['sampled_accuracy']:.1%}; chance {end['chance']:.1%}"
+        f" -> {end['sampled_accuracy']:.1%}{_pass_change(start, end)}; chance {end['chance']:.1%}"
     )
+
+
+def _pass_change(start: dict[str, Any], end: dict[str, Any]) -> str:
+    key = f"pass_at_{end.get('samples', 0)}"
+    if not end.get("samples") or key not in start or key not in end:
+        return ""
+    return f"; pass@{end['samples']} {start[key]:.1%} -> {end[key]:.1%}"
 
 
 def plot(

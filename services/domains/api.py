@@ -224,7 +224,7 @@ class Domain:
         if self.overlong != "keep":
             metadata["overlong"] = self.overlong
         return Task(
-            id=self._task_id(split, seed, index),
+            id=task_id(self.name, split, seed, index),
             domain=self.name,
             tier=self.tier,
             prompt=self.prompt.messages(problem.question),
@@ -235,10 +235,14 @@ class Domain:
             metadata=metadata,
         )
 
-    def _task_id(self, split: Split, seed: int, index: int) -> str:
-        task_id = f"{self.name}-{split}-{seed}-{index}"
-        if len(task_id) <= _MAX_ID:
-            return task_id
-        # Long family names: keep a readable prefix and make the rest unique by hash.
-        digest = hashlib.blake2b(task_id.encode(), digest_size=8).hexdigest()
-        return f"{self.name[:80]}-{digest}-{index}"[:_MAX_ID]
+
+def task_id(name: str, *parts: object) -> str:
+    """``name-part-...-part``, a valid task id (a subject token and a message id).
+
+    Over the id limit (long family names), a readable prefix of the name and a digest of
+    the whole id keep it unique, and the last part stays readable."""
+    full = "-".join([name, *map(str, parts)])
+    if len(full) <= _MAX_ID:
+        return full
+    digest = hashlib.blake2b(full.encode(), digest_size=8).hexdigest()
+    return f"{name[:80]}-{digest}-{parts[-1] if parts else ''}"[:_MAX_ID]

@@ -15,7 +15,6 @@ counted as filtered (and, by ``filter``, left out).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.messages import ScoredRollout, ScoreStatus, Task
 from services.domains import Domain, load_registry
+from services.domains.api import task_id
 from services.feeder.dataset import Dataset, Visit, moved, pool_sizes
 from services.feeder.mix import domain_bounds, draw_domains, parse_mix
 from services.feeder.settings import FeederSettings
@@ -39,8 +39,6 @@ from services.runtime.service import Service
 from services.runtime.settings import SettingsError
 
 DURABLE = "feeder"
-#: Longest task id the feeder makes (ids are subject tokens and message ids).
-_MAX_ID = 128
 
 
 class FeederService(Service):
@@ -81,7 +79,8 @@ class FeederService(Service):
             ack_wait_s=self.settings.ack_wait_s,
             max_deliver=1000,
         )
-        self.consume(spec, Codec(ScoredRollout), self._on_scored, ConsumerTuning(fetch_wait_s=0.5))
+        tuning = ConsumerTuning(fetch_wait_s=0.5, max_in_flight=256)
+        self.consume_batch(spec, Codec(ScoredRollout), self._on_scored, tuning)
 
     def _dataset(self, domain: Domain) -> Dataset:
         dataset = Dataset.of(domain, self.settings.dataset_size, self.settings.seed)
@@ -135,18 +134,12 @@ class FeederService(Service):
         if visit.problem is None:
             return None
         task = domain.task(visit.problem, "train", self.settings.seed, visit.at.index)
-        fields = {f: getattr(task, f) for f in task.__struct_fields__ if f != "v"}
-        fields["id"] = self._task_id(domain.name, visit)
-        if self.settings.group:
-            fields["n"] = self.settings.group
-        return Task(**fields)
-
-    def _task_id(self, name: str, visit: Visit) -> str:
-        task_id = f"{name}-{self.progress.run}-e{visit.at.epoch}-{visit.at.index}"
-        if len(task_id) <= _MAX_ID:
-            return task_id
-        digest = hashlib.blake2b(task_id.encode(), digest_size=8).hexdigest()
-        return f"{name[:80]}-{digest}"
+        at = visit.at
+        return msgspec.structs.replace(
+            task,
+            id=task_id(domain.name, self.progress.run, f"e{at.epoch}", at.index),
+            n=self.settings.group or task.n,
+        )
 
     def _moved(self, domain_state: DomainState, visit: Visit, task: Task | None) -> None:
         moved(domain_state, visit)
@@ -171,15 +164,22 @@ class FeederService(Service):
     def _forget_stuck(self) -> None:
         # A task that never completes (a sample dead-lettered) must not stall the feed.
         cutoff = time.time() - self.settings.give_up_s
-        for task_id, task in list(self.progress.open.items()):
+        for open_id, task in list(self.progress.open.items()):
             if task.sent_at < cutoff:
-                del self.progress.open[task_id]
-                self.log.warning("task_given_up", task=task_id, scored=len(task.rewards))
+                del self.progress.open[open_id]
+                self.log.warning("task_given_up", task=open_id, scored=len(task.rewards))
 
     # ------------------------------------------------------------------ scored groups
 
-    async def _on_scored(self, item: ScoredRollout, _: Delivery) -> None:
-        """Records the sample, and the group once whole; saved before the runtime acks."""
+    async def _on_scored(self, batch: list[tuple[ScoredRollout, Delivery]]) -> list[None]:
+        """Records each sample, and each group once whole; one save for the whole fetch,
+        before the runtime acks any of it."""
+        for item, _ in batch:
+            self._record(item)
+        await self._save()
+        return [None] * len(batch)
+
+    def _record(self, item: ScoredRollout) -> None:
         task = self.progress.open.get(item.rollout.task.id)
         if task is None:
             return
@@ -187,7 +187,6 @@ class FeederService(Service):
         task.rewards[item.rollout.id] = item.reward if scored else None
         if len(task.rewards) >= task.group:
             self._group_done(item.rollout.task.id, task)
-        await self._save()
 
     def _group_done(self, task_id: str, task: OpenTask) -> None:
         del self.progress.open[task_id]

@@ -15,8 +15,9 @@ shared out by domain weight, each domain getting at least one.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ class WarmupConfig:
     check_every: int = 25
     probe: int = 128
     seed: int = 0
+    #: A progress bar on stderr (steps, loss, the last probe's accuracy); not in the repr,
+    #: which keys cached warm-ups.
+    progress: bool = field(default=False, repr=False, compare=False)
 
 
 #: Domains with their weights; a single Domain is a mix of one.
@@ -69,6 +73,7 @@ def supervised_warmup(model_dir: Path, domains: Domain | Mix, config: WarmupConf
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(config.seed)
     loss, accuracy, step = float("nan"), None, 0
+    bar = _progress(config)
     while step < config.steps:
         ids, labels = _batch(rng.sample(pairs, min(config.batch, len(pairs))))
         out = model(input_ids=ids, labels=labels)
@@ -80,8 +85,21 @@ def supervised_warmup(model_dir: Path, domains: Domain | Mix, config: WarmupConf
             accuracy = probe.accuracy(model)
             if accuracy >= config.target_accuracy:
                 break
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", train_acc=accuracy, refresh=False)
+    if bar is not None:
+        bar.close()
     model.save_pretrained(str(model_dir), safe_serialization=True)
     return WarmupResult(steps=step, loss=loss, train_accuracy=accuracy)
+
+
+def _progress(config: WarmupConfig) -> Any:
+    if not config.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=config.steps, desc="warm-up", unit="step", mininterval=2.0, file=sys.stderr)
 
 
 def shares(total: int, weights: Sequence[float]) -> list[int]:

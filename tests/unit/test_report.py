@@ -451,9 +451,12 @@ def test_heldout_change_headers_name_each_column(
 ) -> None:
     section = _markdown_section(write_run(tmp_path / "run"), "Summary", capsys)
     assert (
-        "| domain | start version | start greedy | end version | end greedy | change | chance |"
-        in section
+        "| domain | start version | start greedy | end version | end greedy | change "
+        "| start pass@k | end pass@k | chance |" in section
     )
+    # Greedy 30% -> 50%, pass@4 at 1.4x greedy: where RL has room, named per domain.
+    row = next(line for line in section.splitlines() if line.startswith(f"| {HEALTHY} "))
+    assert "| 42.0% (k=4) | 70.0% (k=4) |" in row
 
 
 def test_feeder_section_shows_each_domains_draw_filtering_and_pools(

@@ -434,15 +434,16 @@ def test_the_summary_shows_the_macro_average_and_each_domain() -> None:
     from services.evaluation.runner import RoundResult
 
     def round_(version: int, a: float, b: float) -> RoundResult:
-        figures = {"sampled_accuracy": 0.1, "pass_at_0": 0.0, "chance": 0.1, "failed": 0}
+        figures = {"sampled_accuracy": 0.1, "chance": 0.1, "failed": 0}
         lines = tuple(
             {
                 "domain": name,
                 "version": version,
                 "elapsed_s": 1.0,
                 "greedy_accuracy": value,
+                "pass_at_4": value + 0.2,
                 "problems": 10,
-                "samples": 0,
+                "samples": 4,
                 **figures,
             }
             for name, value in (("a", a), ("b", b))
@@ -454,6 +455,8 @@ def test_the_summary_shows_the_macro_average_and_each_domain() -> None:
     assert "macro-averaged held-out greedy accuracy 30.0% (v0) -> 50.0% (v9): +20.0" in shown[1]
     assert shown[2].startswith("  a: greedy accuracy 20.0% (v0) -> 60.0% (v9): +40.0")
     assert shown[3].startswith("  b: greedy accuracy 40.0% (v0) -> 40.0% (v9): +0.0")
+    # pass@k beside greedy, per domain: where RL has room to raise greedy accuracy.
+    assert "; pass@4 40.0% -> 80.0%;" in shown[2] and "; pass@4 60.0% -> 60.0%;" in shown[3]
     lines = heldout_lines(end)
     assert lines[0].startswith("held-out (macro average) v9 at 1 s: greedy 50.0%")
     assert lines[1].startswith("  a: greedy 60.0%") and lines[2].startswith("  b: greedy 40.0%")
@@ -479,3 +482,41 @@ def test_up_with_a_run_config_starts_the_feeder_on_its_mix(tmp_path: Path) -> No
     with pytest.raises(CliError, match=r"run\.toml.*no_such_domain") as refused:
         up_env(config, tmp_path / "run")
     assert refused.value.exit_code == 2
+
+
+# ---------------------------------------------------------------- the mix run
+
+
+MIX = REPO / "deploy" / "runs" / "mix.toml"
+
+
+def test_the_mix_run_trains_six_domains_of_three_kinds_each_with_a_heldout_split(
+    tmp_path: Path,
+) -> None:
+    mix = plan("--config", str(MIX), "--run-dir", str(tmp_path))
+    domains = load_domains(mix, tmp_path / "domains")
+    kinds = Counter(domain.kind for domain, _ in domains.train)
+    assert len(domains.train) >= 6 and len(kinds) >= 3, kinds
+    assert "reasoning_gym" in kinds and "jsonl" in kinds
+    assert [d.name for d in domains.eval] == list(domains.names)
+    for domain, _ in domains.train:
+        keys = {p.key for p in domain.problems(2000, "eval", seed=0)}
+        trained = {p.key for p in domain.problems(2000, "train", seed=0)}
+        assert len(keys) >= 30 and not keys & trained, domain.name
+
+
+def test_the_stories_file_is_what_its_script_writes() -> None:
+    import importlib.util
+
+    script = REPO / "deploy" / "runs" / "data" / "make_stories.py"
+    spec = importlib.util.spec_from_file_location("make_stories", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = script.with_name("stories.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines == module.stories()
+    # The id is the arithmetic (a+b-c): a sum is never both trained on and held out.
+    for line in lines:
+        a, b, c = map(int, line["id"].replace("-", "+").split("+"))
+        assert a + b - c == int(line["answer"]) and f"{a} " in line["question"]

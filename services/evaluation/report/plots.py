@@ -112,33 +112,49 @@ def _domains(steps: Sequence[Step]) -> list[str]:
 
 
 def heldout(points: Sequence[Heldout]) -> bytes | None:
+    """Per domain, greedy, sampled and pass@k against wall clock; with several domains, a
+    first panel of every domain's greedy accuracy together."""
     by_domain: dict[str, list[Heldout]] = {}
-    for point in sorted(points, key=lambda p: p.version):
+    for point in sorted(points, key=lambda p: (p.elapsed_s, p.version)):
         by_domain.setdefault(point.domain, []).append(point)
     if not by_domain:
         return None
 
     def draw(axes: list[Any]) -> None:
-        for ax, (domain, series) in zip(axes, by_domain.items(), strict=True):
+        panels = iter(axes)
+        if len(by_domain) > 1:
+            _all_domains_panel(next(panels), by_domain)
+        for ax, (domain, series) in zip(panels, by_domain.items(), strict=True):
             _heldout_panel(ax, domain, series)
 
-    panels = len(by_domain)
+    panels = len(by_domain) + (len(by_domain) > 1)
     return render(draw, (max(6.0, 4.5 * min(panels, _COLUMNS)), 4.0), panels)
 
 
+def _all_domains_panel(ax: Any, by_domain: dict[str, list[Heldout]]) -> None:
+    for domain, series in by_domain.items():
+        ax.plot([p.elapsed_s for p in series], [p.greedy for p in series], ".-", label=domain)
+    ax.set_ylim(0, 1)
+    _style(ax, "Held-out greedy accuracy, every domain", _CLOCK, "accuracy")
+
+
 def _heldout_panel(ax: Any, domain: str, series: list[Heldout]) -> None:
-    versions = [p.version for p in series]
-    ax.plot(versions, [p.greedy for p in series], "o-", label="greedy")
-    ax.plot(versions, [p.sampled for p in series], "s--", label="sampled")
+    clock = [p.elapsed_s for p in series]
+    ax.plot(clock, [p.greedy for p in series], "o-", label="greedy")
+    ax.plot(clock, [p.sampled for p in series], "s--", label="sampled")
     with_k = [p for p in series if p.pass_at_k is not None]
     if with_k:
         k = with_k[-1].k
-        ax.plot([p.version for p in with_k], [p.pass_at_k for p in with_k], "^:", label=f"pass@{k}")
+        clock_k, values_k = [p.elapsed_s for p in with_k], [p.pass_at_k for p in with_k]
+        ax.plot(clock_k, values_k, "^:", label=f"pass@{k}")
     chance = series[-1].chance
     if chance is not None:
         ax.axhline(chance, color="grey", ls=":", label="chance")
     ax.set_ylim(0, 1)
-    _style(ax, f"Held-out accuracy: {domain}", "policy version", "accuracy")
+    _style(ax, f"Held-out accuracy: {domain}", _CLOCK, "accuracy")
+
+
+_CLOCK = "seconds of training"
 
 
 # ---------------------------------------------------------------- tiers

@@ -87,6 +87,8 @@ def _heldout_change(points: Sequence[Heldout]) -> Table | None:
                 f"v{end.version}",
                 pct(end.greedy),
                 change(start.greedy, end.greedy),
+                _pass_at_k(start),
+                _pass_at_k(end),
                 pct(end.chance),
             )
         )
@@ -99,9 +101,16 @@ def _heldout_change(points: Sequence[Heldout]) -> Table | None:
         "end version",
         "end greedy",
         "change",
+        "start pass@k",
+        "end pass@k",
         "chance",
     )
     return Table(headers, tuple(rows), "Held-out greedy accuracy, start to end")
+
+
+def _pass_at_k(point: Heldout) -> str:
+    """pass@k, k named: where greedy is low and pass@k high, reinforcement learning has room."""
+    return "-" if point.pass_at_k is None else f"{pct(point.pass_at_k)} (k={point.k})"
 
 
 def _by_domain(points: Sequence[Heldout]) -> dict[str, list[Heldout]]:
