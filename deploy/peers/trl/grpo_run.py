@@ -3,7 +3,8 @@
     python grpo_run.py SPEC.json OUT_DIR
 
 Runs inside the venv that deploy/peers/trl/build.sh makes, so it imports only the standard
-library and TRL's stack, never Temper.  See README.md here for the SPEC fields and outputs:
+library, TRL's stack and grpo_spec.py beside it (the spec's checks and the reward rules),
+never Temper.  See README.md here for the SPEC fields and outputs:
 
     OUT_DIR/steps.jsonl            one line per optimizer step
     OUT_DIR/snapshots/tNNNNN.N/    model + tokenizer at training-clock times (safetensors)
@@ -22,17 +23,17 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_var] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import dataclasses  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TextIO  # noqa: E402
 
 import torch  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from grpo_spec import NO_DOMAIN, Spec, SpecError, completion_text, load_spec, route  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -46,81 +47,35 @@ from transformers import (  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    model_dir: str
-    train: list[dict[str, Any]]
-    group: int
-    samples_per_step: int
-    lr: float
-    max_new_tokens: int
-    temperature: float = 1.0
-    seed: int = 0
-    minutes: float = 1.0
-    snapshot_every_s: float = 30.0
-    threads: int = 2
-    # Completions per forward/backward pass; the optimizer step still sees samples_per_step
-    # (gradient accumulation).  Defaults to samples_per_step: one pass per step.
-    micro_batch: int | None = None
-    # Linear decay from lr to lr * lr_final over this many optimizer steps, then held
-    # (0: constant): Temper's learner schedule, so both sides train with the same rates.
-    lr_decay_steps: int = 0
-    lr_final: float = 0.1
-
-    @property
-    def micro(self) -> int:
-        return self.micro_batch or self.samples_per_step
-
-
-def load_spec(path: Path) -> Spec:
-    raw: dict[str, Any] = json.loads(path.read_text())
-    known = {f.name for f in dataclasses.fields(Spec)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        log(f"grpo_run: ignoring unknown spec fields {unknown}")
-    spec = Spec(**{k: v for k, v in raw.items() if k in known})
-    if spec.samples_per_step % spec.group:
-        raise SystemExit(
-            f"samples_per_step {spec.samples_per_step} is not a multiple of group {spec.group}"
-        )
-    if spec.samples_per_step % spec.micro:
-        raise SystemExit(
-            f"samples_per_step {spec.samples_per_step} is not a multiple of micro_batch "
-            f"{spec.micro}"
-        )
-    if not spec.train:
-        raise SystemExit("spec.train is empty")
-    return spec
-
-
 def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 # --- reward -------------------------------------------------------------------------------
 
-ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+RewardFunc = Callable[..., list[float | None]]
 
 
-def completion_text(completion: str | list[dict[str, str]]) -> str:
-    """TRL hands conversational completions as a list of messages; the text is the assistant's."""
-    if isinstance(completion, str):
-        return completion
-    return "".join(m.get("content", "") for m in completion if m.get("role") == "assistant")
+def answer_reward_of(spec: Spec) -> RewardFunc:
+    """TRL's reward function: each completion scored by the rule of its row's domain."""
+    scorers = spec.scorers()
 
+    def answer_reward(
+        completions: list[Any], answer: list[str], domain: list[str], **_: Any
+    ) -> list[float | None]:
+        # TRL passes each extra dataset column ("answer", "domain") as a keyword list aligned
+        # with the completions.  The return type is TRL's (None: no reward for this sample).
+        texts = [completion_text(c) for c in completions]
+        return list(route(scorers, texts, answer, domain))
 
-def score(text: str, answer: str) -> float:
-    match = ANSWER_TAG.search(text)  # the first answer tag only
-    return 1.0 if match is not None and match.group(1).strip() == answer else 0.0
-
-
-def answer_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float | None]:
-    # TRL passes each extra dataset column (here "answer") as a keyword list aligned with the
-    # completions.  The return type is TRL's (None would mean "no reward for this sample").
-    return [score(completion_text(c), a) for c, a in zip(completions, answer, strict=True)]
+    return answer_reward
 
 
 # --- training clock, snapshots and step log -----------------------------------------------
+
+
+#: Figures TRL logs once per generation batch (with the batch's first optimizer step).
+_BATCH_METRICS = ("reward", "completions/mean_length")
 
 
 class BudgetCallback(TrainerCallback):
@@ -139,6 +94,7 @@ class BudgetCallback(TrainerCallback):
         self.next_snapshot = 0.0
         self.step_elapsed = 0.0  # training clock at the end of the latest optimizer step
         self.snapshot_step = -1  # global step of the latest snapshot
+        self.batch_metrics: dict[str, float] = {}  # of the latest generation batch
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start - self.paused
@@ -158,13 +114,10 @@ class BudgetCallback(TrainerCallback):
         self.start = time.monotonic()
         self.snapshot(kw["model"], 0, 0.0)
         if self.spec.lr_decay_steps:
-            # The "constant" scheduler is a LambdaLR: its factor per step becomes the decay.
+            # The "constant" scheduler is a LambdaLR: its factor per optimizer step becomes
+            # the decay (which falls once per generation batch: Spec.lr_factor).
             scheduler = kw["lr_scheduler"]
-            scheduler.lr_lambdas = [self.lr_factor] * len(scheduler.lr_lambdas)
-
-    def lr_factor(self, step: int) -> float:
-        done = min(step, self.spec.lr_decay_steps) / self.spec.lr_decay_steps
-        return 1.0 - (1.0 - self.spec.lr_final) * done
+            scheduler.lr_lambdas = [self.spec.lr_factor] * len(scheduler.lr_lambdas)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -185,22 +138,26 @@ class BudgetCallback(TrainerCallback):
         logs: dict[str, Any] | None = None,
         **kw: Any,
     ) -> None:
-        if not logs or "reward" not in logs:
+        if not logs or "loss" not in logs:
             return  # the end-of-training summary log carries no step metrics
+        # TRL logs the generation metrics (reward, lengths) with the first optimizer step of
+        # each generation batch; the batch's other steps train on the same samples.
+        self.batch_metrics.update({k: logs[k] for k in _BATCH_METRICS if k in logs})
         row = {
             "step": state.global_step,
             "elapsed_s": round(self.step_elapsed, 3),
-            "samples": self.spec.samples_per_step,
-            "reward_mean": logs["reward"],
+            "samples": self.spec.samples_per_update,
+            "reward_mean": self.batch_metrics.get("reward"),
             # Not required by the step contract; kept so tokens/s can be compared too.
-            "completion_len_mean": logs.get("completions/mean_length"),
+            "completion_len_mean": self.batch_metrics.get("completions/mean_length"),
         }
         self.steps.write(json.dumps(row) + "\n")
         self.steps.flush()
         log(
-            f"trl step {row['step']} t={row['elapsed_s']:.1f}s reward={row['reward_mean']:.3f} "
-            f"len={logs.get('completions/mean_length', float('nan')):.1f} "
-            f"loss={logs.get('loss', float('nan')):.4f}"
+            f"trl step {row['step']} t={row['elapsed_s']:.1f}s "
+            f"reward={self.batch_metrics.get('reward', float('nan')):.3f} "
+            f"len={self.batch_metrics.get('completions/mean_length', float('nan')):.1f} "
+            f"loss={logs['loss']:.4f}"
         )
 
     def on_train_end(
@@ -215,24 +172,30 @@ class BudgetCallback(TrainerCallback):
 
 
 def grpo_config(spec: Spec, out_dir: Path) -> GRPOConfig:
-    # One optimizer step = samples_per_step completions, each trained on exactly once:
+    # One generation batch = samples_per_step completions, trained on in `minibatches`
+    # optimizer steps, each completion exactly once:
     # - per_device_train_batch_size counts completions (not prompts) per forward/backward;
-    # - gradient_accumulation_steps micro-batches make one optimizer step;
-    # - steps_per_generation = gradient_accumulation_steps makes TRL's generation batch
-    #   (per_device_train_batch_size * steps_per_generation, one process) equal samples_per_step,
-    #   i.e. samples_per_step / group prompts x group completions, generated once per step and
-    #   split into the step's micro-batches;
-    # - num_iterations=1: each generation batch is used for one optimizer step only (fully
-    #   on-policy; TRL then skips recomputing old log-probs).
-    accumulation = spec.samples_per_step // spec.micro
+    # - gradient_accumulation_steps micro-batches make one optimizer step of
+    #   samples_per_step / minibatches completions;
+    # - steps_per_generation counts micro-batches per generation batch: with
+    #   minibatches x gradient_accumulation_steps of them, TRL's generation batch
+    #   (per_device_train_batch_size * steps_per_generation, one process) is samples_per_step,
+    #   i.e. samples_per_step / group prompts x group completions, generated once, shuffled
+    #   and split into the micro-batches of `minibatches` optimizer steps;
+    # - num_iterations=1: no generation batch is used twice.  With one minibatch the step is
+    #   fully on-policy (TRL skips the old log-probs); with more, TRL computes the generating
+    #   policy's log-probs once per batch and clips the later steps' ratio against them, as
+    #   Temper's learner clips its minibatches against the batch's start.
+    steps_per_generation = spec.minibatches * spec.accumulation
     return GRPOConfig(
         output_dir=str(out_dir / "trainer"),
         per_device_train_batch_size=spec.micro,
-        gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,
+        gradient_accumulation_steps=spec.accumulation,
+        steps_per_generation=steps_per_generation,
         num_generations=spec.group,
         num_iterations=1,
         max_completion_length=spec.max_new_tokens,
+        mask_truncated_completions=spec.mask_truncated_completions,
         temperature=spec.temperature,
         learning_rate=spec.lr,
         # max_steps is a placeholder, so no built-in decay: the callback sets the schedule.
@@ -264,12 +227,15 @@ def load_model(model_dir: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
 
 def train_dataset(spec: Spec) -> Dataset:
     # Conversational prompts: TRL applies the tokenizer's chat template with a generation prompt.
-    rows = [{"prompt": r["messages"], "answer": str(r["answer"])} for r in spec.train]
+    rows = [
+        {"prompt": r["messages"], "answer": r["answer"], "domain": r.get("domain", NO_DOMAIN)}
+        for r in spec.train
+    ]
     return Dataset.from_list(rows)
 
 
 def write_summary(out_dir: Path, spec: Spec, steps: int, train_seconds: float) -> dict[str, Any]:
-    samples = steps * spec.samples_per_step
+    samples = steps * spec.samples_per_update
     summary = {
         "steps": steps,
         "samples": samples,
@@ -278,6 +244,8 @@ def write_summary(out_dir: Path, spec: Spec, steps: int, train_seconds: float) -
         "trl_version": trl.__version__,
         "torch_version": torch.__version__,
         "threads": spec.threads,
+        "minibatches": spec.minibatches,
+        "mask_truncated_completions": spec.mask_truncated_completions,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -287,7 +255,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         log("usage: grpo_run.py SPEC.json OUT_DIR")
         return 2
-    spec = load_spec(Path(argv[0]))
+    try:
+        spec = load_spec(Path(argv[0]))
+    except SpecError as error:
+        log(f"grpo_run: {error}")
+        return 2
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(spec.threads)
@@ -297,7 +269,7 @@ def main(argv: list[str]) -> int:
         callback = BudgetCallback(spec, out_dir, tokenizer, steps)
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=answer_reward,
+            reward_funcs=answer_reward_of(spec),
             args=grpo_config(spec, out_dir),
             train_dataset=train_dataset(spec),
             processing_class=tokenizer,
