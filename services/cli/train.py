@@ -174,6 +174,9 @@ def _feeder_env(plan: TrainPlan, domains: RunDomains) -> dict[str, str]:
     return {
         "TEMPER_FEEDER_MIX": ",".join(f"{d.name}={weight}" for d, weight in domains.train),
         "TEMPER_FEEDER_IN_FLIGHT": str(plan.in_flight),
+        "TEMPER_FEEDER_FILTER": plan.feeder_filter,
+        "TEMPER_FEEDER_EASY_TAKE": str(plan.easy_take),
+        "TEMPER_FEEDER_HARD_TAKE": str(plan.hard_take),
         "TEMPER_FEEDER_GROUP": str(plan.group),
         "TEMPER_FEEDER_SEED": str(plan.seed),
         "TEMPER_FEEDER_STATE_DIR": str(plan.run_dir / "feeder"),

@@ -520,3 +520,27 @@ def test_the_stories_file_is_what_its_script_writes() -> None:
     for line in lines:
         a, b, c = map(int, line["id"].replace("-", "+").split("+"))
         assert a + b - c == int(line["answer"]) and f"{a} " in line["question"]
+
+
+def test_the_feeder_table_sets_its_filter_and_pools_and_rejects_an_unknown_filter(
+    tmp_path: Path,
+) -> None:
+    from services.cli.train import up_env
+
+    config = write(
+        tmp_path,
+        '[feeder]\nfilter = "later"\neasy_take = 0.1\nhard_take = 1.0\n',
+    )
+    got = plan("--config", str(config))
+    assert (got.feeder_filter, got.easy_take, got.hard_take) == ("later", 0.1, 1.0)
+    assert plan("--config", str(config), "--feeder-filter", "skip").feeder_filter == "skip"
+    env = up_env(config, tmp_path / "run")
+    assert env["TEMPER_FEEDER_FILTER"] == "later" and env["TEMPER_FEEDER_EASY_TAKE"] == "0.1"
+    assert tomllib.loads(to_toml(got))["feeder"]["filter"] == "later"
+    bad = write(tmp_path, '[feeder]\nfilter = "drop"\n', "bad.toml")
+    with pytest.raises(RunConfigError) as error:
+        plan("--config", str(bad))
+    assert error.value.key == "feeder.filter" and '"count" or "skip" or "later"' in str(error.value)
+    wrong = write(tmp_path, "[feeder]\nfilter = 3\n", "wrong.toml")
+    with pytest.raises(RunConfigError, match=r"feeder\.filter: must be a string, not 3"):
+        plan("--config", str(wrong))

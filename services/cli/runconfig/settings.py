@@ -10,12 +10,16 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
+
+from services.feeder.settings import Filter
 
 #: The ``source`` of a domain from the built-in registry (``temper domains --local``).
 BUILTIN: Final = "builtin"
 #: Where a run's files go unless ``run_dir`` says otherwise.
 DEFAULT_RUN_DIR: Final = Path("run/train")
+#: What the feeder may do with a group scored all alike.
+FEEDER_FILTERS: Final[tuple[str, ...]] = get_args(Filter)
 #: Supervised warm-up steps of the built-in tiny policy (none for a given ``model``).
 DEFAULT_WARMUP_STEPS: Final = 600
 
@@ -65,6 +69,10 @@ class TrainPlan:
     minibatches: int
     group: int
     in_flight: int
+    #: Groups scored all alike: only counted, their problem skipped, or re-drawn later.
+    feeder_filter: str = "count"
+    easy_take: float = 0.25
+    hard_take: float = 0.5
     minutes: float
     max_steps: int
     eval_domains: tuple[str, ...]
@@ -229,6 +237,34 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         check=_at_least_one,
         allowed="a whole number >= 1",
         help="tasks kept outstanding, over all domains",
+    ),
+    Setting(
+        key="feeder.filter",
+        field="feeder_filter",
+        kind=str,
+        default="count",
+        check=lambda value: value in FEEDER_FILTERS,
+        allowed=" or ".join(f'"{f}"' for f in FEEDER_FILTERS),
+        help="groups scored all alike (no signal for GRPO): only count them, skip their "
+        "problem for the rest of the run, or draw it again two epochs later",
+    ),
+    Setting(
+        key="feeder.easy_take",
+        field="easy_take",
+        kind=float,
+        default=0.25,
+        check=_fraction,
+        allowed="0..1",
+        help="share of easy problems (last pass rate 1) the feeder takes as its cursor meets them",
+    ),
+    Setting(
+        key="feeder.hard_take",
+        field="hard_take",
+        kind=float,
+        default=0.5,
+        check=_fraction,
+        allowed="0..1",
+        help="share of hard problems (last pass rate 0) the feeder takes as its cursor meets them",
     ),
     Setting(
         key="budget.minutes",

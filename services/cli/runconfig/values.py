@@ -21,6 +21,7 @@ _TYPE_NAMES: dict[type, str] = {
     float: "a number",
     Path: "a path (string)",
     tuple: "a list of domain names",
+    str: "a string",
 }
 
 
@@ -46,6 +47,10 @@ def _typed(setting: Setting, value: Any, where: str, key: str, base: Path) -> An
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise wrong
         return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise wrong
+        return value
     if kind is Path:
         if not isinstance(value, str) or not value:
             raise wrong
