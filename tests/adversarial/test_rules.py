@@ -4,6 +4,10 @@ Only one final number counts, and only when it is the reference."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from protocol.messages import ScoreStatus
 from services.domains import load_registry
 from services.validator import ValidatorService
@@ -34,11 +38,19 @@ def cheats(question: str, answer: str) -> dict[str, tuple[str, float]]:
     }
 
 
-async def test_math_cheats_score_no_more_than_they_deserve(nats_url: str) -> None:
-    domain = load_registry(None, plugins=False).get("arithmetic_sum3")
+#: The mix run's own domains (its JSONL stories are judged by the math validator too).
+MIX_DOMAINS = Path(__file__).resolve().parents[2] / "deploy" / "runs" / "domains" / "mix.toml"
+
+
+@pytest.mark.parametrize(("config", "name"), [(None, "arithmetic_sum3"), (MIX_DOMAINS, "stories")])
+async def test_math_cheats_score_no_more_than_they_deserve(
+    nats_url: str, config: Path | None, name: str
+) -> None:
+    domain = load_registry(config, plugins=False).get(name)
     task = domain.make_tasks(1, "eval", seed=0)[0]
     cases = cheats(task.prompt[-1].content, str(task.metadata["answer"]))
-    async with ValidatorService(settings(nats_url)), client(nats_url) as nc:
+    service = ValidatorService(settings(nats_url, domains_config=config))
+    async with service, client(nats_url) as nc:
         js = nc.jetstream()
         for index, (text, _) in enumerate(cases.values()):
             await publish(js, make_rollout(task, text, index=index))
