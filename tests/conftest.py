@@ -45,6 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
     watchdog.install(config)
 
 
+# First: pytest-xdist's worker reads the group markers in its own hook of the same name.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = item.path.relative_to(TESTS).parts[0]

@@ -169,7 +169,20 @@ class TemperClient(ControlCalls):
         try:
             await self._nc.drain()
         except nats.errors.Error:
+            await self._close_lost()
+
+    async def _close_lost(self) -> None:
+        """Close a connection that cannot drain (reconnecting, or its server gone).
+
+        nats-py flushes its pending buffer into the socket on close; when the server has
+        just died that socket is already shut and the flush raises (``ConnectionResetError``
+        on asyncio's streams, ``RuntimeError`` on uvloop's). The connection is closed either
+        way, and the caller's own error is the one to report.
+        """
+        try:
             await self._nc.close()
+        except (OSError, RuntimeError):
+            pass
 
     async def __aenter__(self) -> Self:
         return self

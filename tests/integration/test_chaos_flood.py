@@ -4,7 +4,7 @@ memory stays bounded (RSS sampled), the overflow waits in the task stream and in
 scored stream (backpressure: the replay buffer holds at most its capacity), nothing is
 dropped or dead-lettered, and every task is eventually served and trained on once.
 
-The flood lasts ``TEMPER_FLOOD_S`` seconds (8 by default, to keep ``make test`` short;
+The flood lasts ``TEMPER_FLOOD_S`` seconds (4 by default, to keep ``make test`` short;
 60 for the full minute): at ten times the rate the stack serves, the backlog takes nine
 times as long to drain as it took to build.
 """
@@ -37,7 +37,7 @@ from tests.integration.chaos import (
     submit,
 )
 
-FLOOD_S = float(os.environ.get("TEMPER_FLOOD_S", "8"))
+FLOOD_S = float(os.environ.get("TEMPER_FLOOD_S", "4"))
 pytestmark = pytest.mark.timeout(int(900 + FLOOD_S * 30))
 WARM_S = 10.0
 #: Tasks outstanding while the usual rate is measured (``temper train``'s default).

@@ -43,6 +43,7 @@ from protocol.messages import (
     rollout_id,
 )
 from services.runtime.jetstream import ensure_streams
+from services.runtime.natsserver import NatsServer
 
 pytestmark = pytest.mark.integration
 
@@ -407,5 +408,18 @@ async def test_ping_with_nobody_listening_returns_nothing(client: TemperClient) 
 async def test_close_is_idempotent(nats_url: str) -> None:
     client = await TemperClient.connect(nats_url)
     await client.close()
+    await client.close()
+    assert client.nc.is_closed
+
+
+async def test_close_after_the_server_died_raises_nothing(nats_server: NatsServer) -> None:
+    """A client closed while it reconnects, with messages buffered for the dead server:
+    nats-py's flush into the shut socket must not surface as a traceback on exit."""
+    client = await TemperClient.connect(nats_server.url, reconnect_s=30)
+    nats_server.kill()
+    async with asyncio.timeout(10):
+        while not client.nc.is_reconnecting:
+            await asyncio.sleep(0.01)
+    await client.nc.publish("temper.test.pending", b"x" * 64)
     await client.close()
     assert client.nc.is_closed
