@@ -12,6 +12,10 @@ Five checks per domain, each on figures a run directory already holds:
   than the domain's completions were (:mod:`services.evaluation.watch_scores`);
 * the reward distribution jumps between two versions beyond sampling noise (the same).
 
+Over the whole run, one more: a learner step whose logprobs of its own version's samples
+differ from the behaviour logprobs by more than the engine and dtype explain
+(:mod:`services.evaluation.watch_mismatch`).
+
 A flag is a prompt to read rollouts, not a verdict.
 """
 
@@ -23,11 +27,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from services.evaluation import watch_scores
+from services.evaluation import watch_mismatch, watch_scores
 from services.evaluation.report.run_data import RunData
 from services.evaluation.report.tier_reports import TierReport
 
-FlagKind = Literal["reward_vs_heldout", "length_drift", "format_drift", "short_top", "score_jump"]
+FlagKind = Literal[
+    "reward_vs_heldout",
+    "length_drift",
+    "format_drift",
+    "short_top",
+    "score_jump",
+    "logprob_mismatch",
+]
 
 #: Fewer learner steps than this leave thirds of one or two batches: too noisy to trend.
 MIN_STEPS = 6
@@ -82,6 +93,9 @@ def review(run: RunData) -> Review:
             flags.extend(Flag(*flag) for flag in found)  # type: ignore[arg-type]
             unchecked.extend(missing)
     _merge(_length_drift(run), flags, unchecked)
+    found, missing = watch_mismatch.logprob_mismatch(run, ALL_DOMAINS)
+    flags.extend(Flag(*flag) for flag in found)  # type: ignore[arg-type]
+    unchecked.extend(missing)
     return Review(flags=tuple(flags), unchecked=tuple(unchecked))
 
 

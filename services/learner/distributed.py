@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from services.learner.loss import LossStats
+from services.learner.mismatch import NOT_MEASURED, Mismatch
 
 _Share = TypeVar("_Share")
 
@@ -161,6 +162,20 @@ class DataParallel:
         *weighted, tokens = totals.tolist()
         means = {name: value / (tokens or 1) for name, value in zip(names, weighted, strict=True)}
         return LossStats(**means, tokens=int(tokens))
+
+    @torch.no_grad()
+    def reduce_mismatch(self, mine: Mismatch) -> Mismatch:
+        """The logprob mismatch over every rank's micro-batches, from this rank's: a
+        collective every rank joins, with nothing measured as well."""
+        sums = torch.tensor([mine.mean * mine.tokens, mine.tokens], dtype=torch.float64)
+        peak = torch.tensor([mine.max], dtype=torch.float64)
+        sums, peak = sums.to(self.device), peak.to(self.device)
+        dist.all_reduce(sums)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        total, tokens = sums.tolist()
+        if not tokens:
+            return NOT_MEASURED
+        return Mismatch(mean=total / tokens, max=float(peak.item()), tokens=int(tokens))
 
 
 class ShardedDataParallel(DataParallel):

@@ -13,6 +13,8 @@ from services.learner.trainer import StepResult
 _NOT_SCALARS = frozenset(
     {"step", "version", "at", "reward_by_domain", "staleness_counts", "domains"}
 )
+#: Figures of a step that measured no token: 0.0 there would plot as perfect agreement.
+_MISMATCH_FIGURES = frozenset({"logprob_mismatch", "logprob_mismatch_max"})
 
 
 def step_line(
@@ -37,6 +39,13 @@ def step_line(
         "completion_len": result.completion_len,
         "truncated": result.truncated,
         "lr": result.lr,
+        # Learner against behaviour logprobs of its own version's samples; the watch
+        # judges it by the engine and the dtype (0 tokens: not measured this step).
+        "logprob_mismatch": result.logprob_mismatch,
+        "logprob_mismatch_max": result.logprob_mismatch_max,
+        "logprob_mismatch_tokens": result.logprob_mismatch_tokens,
+        "engine": result.engine,
+        "dtype": result.dtype,
         **{f"loss_{k}": v for k, v in asdict(result.loss).items()},
         **{f"time_{stage}": round(value, 6) for stage, value in seconds.items()},
         "at": time.time(),
@@ -55,6 +64,8 @@ class Scalars:
         wall = float(line.get("at", time.time()))
         for key, value in line.items():
             if key in _NOT_SCALARS or not isinstance(value, int | float):
+                continue
+            if key in _MISMATCH_FIGURES and not line.get("logprob_mismatch_tokens"):
                 continue
             self._writer.add_scalar(f"{prefix}/{key}", value, step, walltime=wall)
         for domain, reward in line.get("reward_by_domain", {}).items():

@@ -679,6 +679,8 @@ class LearnerService(Service):
             values["approx_kl"] = last.loss.approx_kl
             values["entropy"] = last.loss.entropy
             values["diversity"] = last.diversity
+            if last.logprob_mismatch_tokens:
+                values["logprob_mismatch"] = last.logprob_mismatch
             for domain, reward in last.reward_by_domain.items():
                 values[f"reward.{domain}"] = reward
         return values

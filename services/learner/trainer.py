@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from protocol.messages import FinishReason, ScoredRollout
-from protocol.packed import unpack_f32, unpack_i32, unpack_u8
 from services.evaluation.figures import DomainFigures
 from services.learner import domain_figures
 from services.learner.checkpoints import CheckpointStore, Loaded
@@ -34,11 +32,13 @@ from services.learner.loss import (
     LossStats,
     TokenTerms,
     entropy,
-    group_advantages,
     policy_loss,
     target_logprobs,
 )
+from services.learner.mismatch import NOT_MEASURED, Mismatch, merge
 from services.learner.reward_bounds import RewardBounds
+from services.learner.rows import ModelLimits, Refusal, Rows
+from services.learner.rows import build as rows_of
 from services.model.load import default_dtype, load_causal_lm
 from services.model.weights import directory_digest, write_weights
 from services.runtime.logs import get_logger
@@ -99,15 +99,6 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Refusal:
-    rollout_id: str
-    reason: str
-    #: ``malformed``, or ``negative_staleness``: sampled by a version newer than the
-    #: learner's, which lineage rules out; seen, it is a bug to report, never to train on.
-    kind: str = "malformed"
-
-
-@dataclass(frozen=True, kw_only=True)
 class StepResult:
     step: int
     samples: int
@@ -138,6 +129,17 @@ class StepResult:
     #: Versions behind the learner -> samples of the batch that lag by that many; the
     #: mean alone hides a long tail of very stale samples.
     staleness_counts: dict[int, int] = field(default_factory=dict)
+    #: ``|learner - behaviour|`` logprob (mean, max, tokens) over the trained tokens of
+    #: the samples that the learner's weights at the start of the step generated, before
+    #: any update: numerics of engine and dtype only, unless the learner trains on
+    #: something other than what was sampled.  0 tokens: no such sample this step.
+    logprob_mismatch: float = 0.0
+    logprob_mismatch_max: float = 0.0
+    logprob_mismatch_tokens: int = 0
+    #: The engines that sampled the measured samples (sorted, comma-separated) and the
+    #: dtype the learner computes in: what the mismatch is judged against.
+    engine: str = ""
+    dtype: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,37 +147,6 @@ class Exported:
     version: int
     path: Path
     digest: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Rows:
-    """Right-padded sequences; per-token arrays cover the positions from ``first`` on,
-    where ``first`` is the earliest position whose next token is trained (the shortest
-    prompt's last token): the prompts before it need no logits, which skips most of the
-    vocabulary projection when prompts are long and completions short."""
-
-    tokens: torch.Tensor
-    attention: torch.Tensor
-    first: int
-    behaviour: torch.Tensor
-    mask: torch.Tensor
-    advantages: torch.Tensor
-
-    def select(self, index: torch.Tensor) -> _Rows:
-        return _Rows(
-            tokens=self.tokens[index],
-            attention=self.attention[index],
-            first=self.first,
-            behaviour=self.behaviour[index],
-            mask=self.mask[index],
-            advantages=self.advantages[index],
-        )
-
-    def targets(self, rows: slice) -> torch.Tensor:
-        return self.tokens[rows, self.first + 1 :]
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
 
 
 class NonFinite(ArithmeticError):
@@ -205,7 +176,7 @@ class Trainer:
         self._parallel = parallel
         if parallel is not None:
             parallel.prepare(self.model)
-        self._limits = _ModelLimits.of(self.model, config.rewards)
+        self._limits = ModelLimits.of(self.model, config.rewards)
         self._config_json: str = self.model.config.to_json_string()
         self.reference: Any = None
         if config.loss.kl_coef:
@@ -217,6 +188,9 @@ class Trainer:
         self._shuffle = torch.Generator().manual_seed(config.seed)
         self.step = 0
         self.version = 0
+        #: (version, step): the model held exactly that published version's weights
+        #: after that many steps; the mismatch is measured only while it still does.
+        self._weights_of = (0, 0)
         #: Samples handed to ``train`` so far, whether they moved the weights or not.
         self.consumed = 0
         # The service may stop while a step runs in its worker thread: a checkpoint or an
@@ -246,18 +220,40 @@ class Trainer:
         valid = [i for i in items if i.id not in bad]
         stages = Stages()
         with stages.stage("rows"):
-            rows = self._rows(valid) if valid else None
+            rows = self._rows(valid, self._version_held()) if valid else None
         parts: list[LossStats] = []
+        mismatch = NOT_MEASURED
         lr = self.config.lr_at(self.step)
         if rows is not None and len(rows):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            parts = self._optimise(rows, stages)
+            parts, mismatch = self._optimise(rows, stages)
         applied = len(parts)
         if applied:
             self.step += 1
         result = self._result(items, valid, rows, parts, refused)
-        return dataclasses.replace(result, seconds=stages.seconds, lr=lr)
+        return dataclasses.replace(
+            result,
+            seconds=stages.seconds,
+            lr=lr,
+            logprob_mismatch=mismatch.mean,
+            logprob_mismatch_max=mismatch.max,
+            logprob_mismatch_tokens=mismatch.tokens,
+            engine=rows.engines if rows is not None and mismatch.tokens else "",
+            dtype=str(default_dtype(self.device)).removeprefix("torch."),
+        )
+
+    def _version_held(self) -> int | None:
+        """The published version whose weights the model holds now; None once a step has
+        moved them since (``publish_every`` > 1).  Ranks other than 0 never export: they
+        learn a new version from rank 0's step message, when the weights are still that
+        version's (no step between), so noting it at the first step that sees it gives
+        every rank the same answer."""
+        version, step = self._weights_of
+        if version != self.version:
+            self._weights_of = (self.version, self.step)
+            return self.version
+        return version if step == self.step else None
 
     def _from_the_future(self, item: ScoredRollout) -> Refusal | None:
         versions = [s.version for s in item.rollout.segments if s.version is not None]
@@ -267,20 +263,38 @@ class Trainer:
         reason = f"negative staleness: behaviour version {newest} > learner version {self.version}"
         return Refusal(rollout_id=item.id, reason=reason, kind="negative_staleness")
 
-    def _optimise(self, rows: _Rows, stages: Stages) -> list[LossStats]:
-        """``epochs * minibatches`` clipped updates; the statistics of those applied."""
+    def _optimise(self, rows: Rows, stages: Stages) -> tuple[list[LossStats], Mismatch]:
+        """``epochs * minibatches`` clipped updates: the statistics of those applied, and
+        the mismatch of the logprobs before the first, taken from the forward passes the
+        step runs anyway: the proximal pass, or with a single update its own forward."""
         proximal = reference = None
+        mismatch = NOT_MEASURED
         if self.config.updates > 1:
             with stages.stage("proximal"):
                 proximal = self._logprobs(self.model, rows)
+                mismatch = rows.mismatch(proximal)
         if self.reference is not None:
             with stages.stage("reference"):
                 reference = self._logprobs(self.reference, rows)
+        seen: list[Mismatch] = []
         with stages.stage("updates"):
-            return self._updates(rows, proximal, reference)
+            applied = self._updates(rows, proximal, reference, seen)
+            if proximal is None:
+                mismatch = self._across_ranks(merge(seen))
+        return applied, mismatch
+
+    def _across_ranks(self, mismatch: Mismatch) -> Mismatch:
+        """Under torchrun each rank saw its own micro-batches: the whole batch's."""
+        if self._parallel is None:
+            return mismatch
+        return self._parallel.reduce_mismatch(mismatch)
 
     def _updates(
-        self, rows: _Rows, proximal: torch.Tensor | None, reference: torch.Tensor | None
+        self,
+        rows: Rows,
+        proximal: torch.Tensor | None,
+        reference: torch.Tensor | None,
+        seen: list[Mismatch],
     ) -> list[LossStats]:
         applied: list[LossStats] = []
         for _ in range(self.config.epochs):
@@ -289,6 +303,7 @@ class Trainer:
                     rows=rows.select(index),
                     proximal=None if proximal is None else proximal[index],
                     reference=None if reference is None else reference[index],
+                    seen=seen,
                 )
                 try:
                     applied.append(self._update(part))
@@ -347,13 +362,16 @@ class Trainer:
             entropy=entropy(logits if wants_entropy else logits.detach()),
             reference=None if part.reference is None else part.reference[micro],
         )
+        if part.proximal is None:
+            # A single update: this forward is the policy before it, as a proximal pass is.
+            part.seen.append(rows.mismatch(terms.proximal, micro))
         loss, stats = policy_loss(terms, rows.advantages[micro], self.config.loss)
         # Token-level mean over the whole minibatch, accumulated micro-batch by micro-batch.
         (loss * (terms.mask.sum() / total)).backward()  # type: ignore[no-untyped-call]
         return stats
 
     @torch.no_grad()
-    def _logprobs(self, model: Any, rows: _Rows) -> torch.Tensor:
+    def _logprobs(self, model: Any, rows: Rows) -> torch.Tensor:
         """Logprobs of ``rows`` under ``model`` (the proximal or the reference policy)."""
         was_training = model.training
         model.eval()
@@ -364,43 +382,10 @@ class Trainer:
         model.train(was_training)
         return torch.cat(out)
 
-    def _rows(self, items: list[ScoredRollout]) -> _Rows | None:
-        advantages = group_advantages([i.reward for i in items], [i.rollout.task.id for i in items])
-        keep = list(range(len(items)))
-        keep = [row for row in keep if not _filtered(items[row])]
-        if self.config.skip_zero_advantage and not self._regularised():
-            keep = [row for row in keep if advantages[row] != 0]
-        if not keep:
-            return None
-        chosen = [items[row] for row in keep]
-        length = max(len(i.rollout.tokens) // 4 for i in chosen)
-        shape = (len(chosen), length)
-        tokens = torch.zeros(shape, dtype=torch.long)
-        attention = torch.zeros(shape, dtype=torch.long)
-        behaviour = torch.zeros((len(chosen), length - 1))
-        mask = torch.zeros((len(chosen), length - 1))
-        for row, item in enumerate(chosen):
-            ids = torch.from_numpy(unpack_i32(item.rollout.tokens).astype("int64"))
-            start = item.rollout.prompt_len - 1
-            tokens[row, : len(ids)] = ids
-            attention[row, : len(ids)] = 1
-            completion = len(ids) - item.rollout.prompt_len
-            behaviour[row, start : start + completion] = torch.from_numpy(
-                unpack_f32(item.rollout.logprobs).copy()
-            )
-            mask[row, start : start + completion] = torch.from_numpy(
-                unpack_u8(item.rollout.loss_mask).astype("float32")
-            )
-        device = self.device
-        first = min(i.rollout.prompt_len for i in chosen) - 1
-        return _Rows(
-            tokens=tokens.to(device),
-            attention=attention.to(device),
-            first=first,
-            behaviour=behaviour[:, first:].to(device),
-            mask=mask[:, first:].to(device),
-            advantages=advantages[keep].to(device),
-        )
+    def _rows(self, items: list[ScoredRollout], held: int | None = None) -> Rows | None:
+        """The rows to train on; those sampled by version ``held`` (if any) are measured."""
+        skip_zero = self.config.skip_zero_advantage and not self._regularised()
+        return rows_of(items, held=held, skip_zero=skip_zero, device=self.device)
 
     def _regularised(self) -> bool:
         return bool(self.config.loss.kl_coef or self.config.loss.entropy_coef)
@@ -409,7 +394,7 @@ class Trainer:
         self,
         items: list[ScoredRollout],
         valid: list[ScoredRollout],
-        rows: _Rows | None,
+        rows: Rows | None,
         parts: list[LossStats],
         refused: list[Refusal],
     ) -> StepResult:
@@ -454,6 +439,7 @@ class Trainer:
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         self.version = version
+        self._weights_of = (version, self.step)
         self._prune(keep)
         return Exported(version=version, path=target, digest=digest)
 
@@ -482,6 +468,7 @@ class Trainer:
             "rng": torch.get_rng_state(),
             "shuffle": self._shuffle.get_state(),
             "consumed": self.consumed,
+            "weights_of": list(self._weights_of),
             "extra": extra,
         }
 
@@ -537,6 +524,10 @@ class Trainer:
         if "shuffle" in state:
             self._shuffle.set_state(state["shuffle"])
         self.consumed = int(state.get("consumed", 0))
+        # Without the record (an older checkpoint) the weights may have moved past the
+        # version: nothing is measured until the next one.
+        version, step = state.get("weights_of", (self.version, -1))
+        self._weights_of = (int(version), int(step))
 
     def load_weights(self, path: Path, *, version: int, step: int, samples: int) -> None:
         """Take the weights of a published directory (newer than the checkpoint resumed
@@ -550,6 +541,7 @@ class Trainer:
                 self.model.load_state_dict(published.state_dict())
             self.weights_from = path
             self.version, self.step = version, step
+            self._weights_of = (version, step)
             self.consumed += samples
 
     def current_weights(self) -> Exported | None:
@@ -564,51 +556,14 @@ class Trainer:
 class _Part:
     """One minibatch: its rows and, when computed, their proximal and reference logprobs."""
 
-    rows: _Rows
+    rows: Rows
     proximal: torch.Tensor | None
     reference: torch.Tensor | None
+    #: Without a proximal pass: the mismatch of each micro-batch's forward, collected.
+    seen: list[Mismatch]
 
 
-@dataclass(frozen=True, kw_only=True)
-class _ModelLimits:
-    """What a rollout must respect to be trained on by this model."""
-
-    vocab: int
-    context: int
-    rewards: RewardBounds
-
-    @classmethod
-    def of(cls, model: Any, rewards: RewardBounds) -> _ModelLimits:
-        config = model.config
-        vocab, context = int(config.vocab_size), int(config.max_position_embeddings)
-        return cls(vocab=vocab, context=context, rewards=rewards)
-
-    def problem(self, item: ScoredRollout) -> Refusal | None:
-        reason = self._reason(item)
-        return None if reason is None else Refusal(rollout_id=item.id, reason=reason)
-
-    def _reason(self, item: ScoredRollout) -> str | None:
-        rollout = item.rollout
-        ids = unpack_i32(rollout.tokens)
-        completion = len(ids) - rollout.prompt_len
-        if rollout.prompt_len < 1 or completion < 1:
-            return f"prompt_len {rollout.prompt_len} leaves {completion} completion tokens"
-        if len(rollout.logprobs) // 4 != completion or len(rollout.loss_mask) != completion:
-            return (
-                f"{len(rollout.logprobs) // 4} logprobs and {len(rollout.loss_mask)} mask "
-                f"entries for {completion} completion tokens"
-            )
-        if len(ids) > self.context:
-            return f"{len(ids)} tokens exceed the model's context of {self.context}"
-        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
-            return f"token ids outside the vocabulary [0, {self.vocab})"
-        logprobs = unpack_f32(rollout.logprobs)
-        if not np.isfinite(logprobs).all() or float(logprobs.max()) > 1e-3:
-            return "behaviour logprobs are not finite negative numbers"
-        return self.rewards.reason(item)
-
-
-def _completion_logits(model: Any, rows: _Rows, part: slice) -> torch.Tensor:
+def _completion_logits(model: Any, rows: Rows, part: slice) -> torch.Tensor:
     """Next-token logits ``[B, L]`` of the positions from ``rows.first`` on only, in
     float32; computed in the device's dtype of the policy (bf16 autocast on a GPU)."""
     with _compute_precision(rows.tokens.device):
@@ -624,15 +579,6 @@ def _compute_precision(device: torch.device) -> contextlib.AbstractContextManage
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
-
-def _filtered(item: ScoredRollout) -> bool:
-    """Cut at the token limit in a domain that leaves such samples out of the loss."""
-    rollout = item.rollout
-    return (
-        rollout.finish_reason is FinishReason.LENGTH
-        and rollout.task.metadata.get("overlong") == "filter"
-    )
 
 
 def _slices(total: int, size: int) -> list[slice]:

@@ -1,5 +1,7 @@
 """One rank of the data-parallel learner test: run under torchrun, train the fixed batch
-for a few steps, and save this rank's parameters and step losses (the full ones, sharded).
+for a few steps, and save this rank's parameters and step losses (the full ones, sharded);
+then train a fresh copy of the model one step of a single update, and save the logprob
+mismatch that step reports.
 
     torchrun --standalone --nproc-per-node 2 -m tests.integration.ddp_step_worker MODEL OUT MODE
 
@@ -27,6 +29,13 @@ STEPS = 2
 #: clipping (and Adam) would hide a gradient off by a constant factor, such as a mean
 #: over the ranks instead of a sum; the test compares the gradients too.
 CONFIG = TrainerConfig(lr=1e-3, micro_batch=2, minibatches=2, grad_clip=1e6)
+#: One update per batch: no proximal pass, so each rank measures the logprob mismatch on
+#: its own micro-batches only and the step's figures are their reduction across ranks.
+ONE_UPDATE = TrainerConfig(lr=1e-3, micro_batch=2, minibatches=1, epochs=1, grad_clip=1e6)
+#: Five micro-batches of unequal token counts: three on rank 0 and two on rank 1 under
+#: DDP (FSDP splits them into six), so a mean over ranks that is not weighted by their
+#: tokens, or a max that is not the largest, reads differently from one process.
+ONE_UPDATE_ROWS = 10
 
 
 def batch() -> list[ScoredRollout]:
@@ -63,6 +72,13 @@ def train(trainer: Trainer, mode: str = "ddp") -> list[float]:
     return [trainer.train(items).loss.loss for items in steps]
 
 
+def one_update(trainer: Trainer) -> tuple[float, float, int]:
+    """The logprob mismatch (mean, max, tokens) of one single-update step."""
+    result = trainer.train(batch()[:ONE_UPDATE_ROWS])
+    assert result.updates == 1
+    return result.logprob_mismatch, result.logprob_mismatch_max, result.logprob_mismatch_tokens
+
+
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """A sharded tensor gathered (a collective); a replicated one as it is."""
     whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
@@ -88,6 +104,8 @@ def main(model: Path, out: Path, mode: str) -> None:
         trainer = Trainer(model, run, CONFIG, parallel=parallel)
         losses = train(trainer, mode)
         state = {"params": parameters(trainer), "grads": gradients(trainer), "losses": losses}
+        fresh = Trainer(model, out / f"one{settings.rank}", ONE_UPDATE, parallel=parallel)
+        state["one_update"] = one_update(fresh)
         torch.save(state, out / f"rank{settings.rank}.pt")
     finally:
         parallel.close()

@@ -1,6 +1,8 @@
 """A data-parallel learner step under torchrun (two CPU ranks, gloo, loopback), replicated
 (``ddp``) or sharded (``fsdp``), equals the single-process step: same parameters within
-float rounding, identical on every rank."""
+float rounding, identical on every rank; and a step of a single update, whose logprob
+mismatch each rank measures on its own micro-batches, reports on every rank the figures
+of one process over the whole batch."""
 
 from __future__ import annotations
 
@@ -15,7 +17,14 @@ import pytest
 import torch
 
 from services.learner.trainer import Trainer
-from tests.integration.ddp_step_worker import CONFIG, gradients, parameters, train
+from tests.integration.ddp_step_worker import (
+    CONFIG,
+    ONE_UPDATE,
+    gradients,
+    one_update,
+    parameters,
+    train,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RANKS = 2
@@ -62,3 +71,15 @@ def test_two_ranks_take_the_single_process_step(
     _close(ranks[0]["params"], after, moved, rel=1e-2)
     _close(ranks[0]["grads"], grads, max(float(g.abs().max()) for g in grads.values()), rel=1e-4)
     assert ranks[0]["losses"] == pytest.approx(losses, rel=1e-4)
+    _same_mismatch(ranks, one_update(Trainer(tiny_model, tmp_path / "single-one", ONE_UPDATE)))
+
+
+def _same_mismatch(ranks: list[dict[str, Any]], single: tuple[float, float, int]) -> None:
+    mean, peak, tokens = single
+    assert tokens > 0 and peak > mean > 0, "measured tokens with gaps of several sizes"
+    for rank, saved in enumerate(ranks):
+        assert saved["one_update"] == (
+            pytest.approx(mean, rel=1e-5),
+            pytest.approx(peak, rel=1e-5),
+            tokens,
+        ), f"rank {rank}"

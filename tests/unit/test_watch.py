@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from services.evaluation import watch_mismatch
 from services.evaluation.figures import DomainFigures
 from services.evaluation.report.run_data import Heldout, RunData, Step
 from services.evaluation.report.tier_reports import TierReport, parse_tier_report
@@ -229,3 +233,103 @@ def test_domain_figures_round_trip_through_a_metrics_line(tmp_path: Path) -> Non
     (tmp_path / "learner" / "metrics.jsonl").write_text(json.dumps(line) + "\n")
     [step] = load(tmp_path).steps
     assert step.domains == {"d": figures}
+
+
+# ---------------------------------------------------------------- logprob mismatch
+
+
+def _mismatch_run(tmp_path: Path, per_step: list[dict[str, Any]]) -> RunData:
+    """A run directory whose metrics lines carry the learner's mismatch figures, read back
+    as ``temper report`` reads it."""
+    import json
+
+    from services.evaluation.report.run_data import load
+
+    lines = [
+        {"step": i + 1, "version": i + 1, "at": float(i), "reward_mean": 0.5, **figures}
+        for i, figures in enumerate(per_step)
+    ]
+    (tmp_path / "learner").mkdir()
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    (tmp_path / "learner" / "metrics.jsonl").write_text(text)
+    return load(tmp_path)
+
+
+def _measured(mean: float, engine: str = "torch", dtype: str = "float32") -> dict[str, Any]:
+    return {
+        "logprob_mismatch": mean,
+        "logprob_mismatch_max": 4 * mean,
+        "logprob_mismatch_tokens": 120,
+        "engine": engine,
+        "dtype": dtype,
+    }
+
+
+def _mismatch_flags(run: RunData) -> list[Flag]:
+    return [f for f in review(run).flags if f.kind == "logprob_mismatch"]
+
+
+def test_a_step_over_its_engine_and_dtype_bound_is_flagged(tmp_path: Path) -> None:
+    over = watch_mismatch.THRESHOLDS["torch", "float32"] * 3
+    steps = [_measured(2e-7), _measured(over), _measured(4e-7)]
+    [flag] = _mismatch_flags(_mismatch_run(tmp_path, steps))
+    assert (flag.domain, flag.before, flag.after) == (ALL_DOMAINS, 1e-3, pytest.approx(over))
+    assert "step 2 (v2)" in flag.message and "torch/float32 bound 0.001" in flag.message
+    assert "1 of 3 measured steps" in flag.message
+
+
+def test_steps_under_their_bound_or_unmeasured_are_not_flagged(tmp_path: Path) -> None:
+    under = watch_mismatch.THRESHOLDS["torch", "float32"] * 0.9
+    not_measured = {**_measured(0.3), "logprob_mismatch_tokens": 0}
+    # The same 0.03 is within bf16 numerics: only the float32 step is over.
+    bf16 = _measured(0.03, "sglang", "bfloat16")
+    run = _mismatch_run(tmp_path, [_measured(under), not_measured, bf16])
+    assert _mismatch_flags(run) == []
+    other = tmp_path / "float32"
+    other.mkdir()
+    [flag] = _mismatch_flags(_mismatch_run(other, [_measured(under), _measured(0.03)]))
+    assert "step 2" in flag.message
+
+
+def test_a_step_reads_its_engine_and_dtype_from_its_line(tmp_path: Path) -> None:
+    bf16 = _measured(0.03, "sglang,torch", "bfloat16")
+    unnamed = {k: v for k, v in _measured(2e-7).items() if k not in ("engine", "dtype")}
+    not_text = {**_measured(2e-7), "engine": 3, "dtype": None}
+    steps = _mismatch_run(tmp_path, [bf16, unnamed, not_text]).steps
+    assert [(s.engine, s.dtype) for s in steps] == [
+        ("sglang,torch", "bfloat16"),
+        ("", ""),
+        ("", ""),
+    ]
+    # Text is not a figure: the numbers stay what they were.
+    assert "engine" not in steps[0].figures and steps[0].figure("logprob_mismatch") == 0.03
+
+
+def test_unknown_engines_get_the_default_bound_and_nan_is_over() -> None:
+    assert watch_mismatch.threshold("vllm", "float32") == watch_mismatch.DEFAULT_THRESHOLD
+    assert watch_mismatch.threshold("", "") == watch_mismatch.DEFAULT_THRESHOLD
+    # Samples of two engines in one step: the looser bound.
+    assert watch_mismatch.threshold("sglang,torch", "float32") == 2e-2
+    step = Step(1, 1, 0.0, 0.5, {}, {"logprob_mismatch": math.nan, "logprob_mismatch_tokens": 9})
+    [flag] = _mismatch_flags(_run((step,)))
+    assert "?/? bound" in flag.message
+
+
+def test_no_measured_step_leaves_the_mismatch_unchecked() -> None:
+    found = review(_run(_steps({"a": (0.1, 0.9)})))
+    assert not [f for f in found.flags if f.kind == "logprob_mismatch"]
+    assert any("logprob mismatch needs" in line for line in found.unchecked)
+
+
+def test_the_report_explains_every_check_the_watch_makes() -> None:
+    from typing import get_args
+
+    from services.evaluation.report.document import Table
+    from services.evaluation.report.system_sections import watch_section
+    from services.evaluation.watch import FlagKind
+
+    section = watch_section(review(_run()))
+    [table] = [block for block in section.blocks if isinstance(block, Table)]
+    assert [row[0] for row in table.rows] == list(get_args(FlagKind))
+    [mismatch] = [text for check, text in table.rows if check == "logprob_mismatch"]
+    assert "torch/float32 0.001" in mismatch and "sglang/float32 0.02" in mismatch

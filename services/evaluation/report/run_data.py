@@ -41,6 +41,12 @@ class Step:
     #: Per domain: samples at the top score, their length, the reward histogram (empty
     #: for metrics written before the learner recorded them).
     domains: Mapping[str, DomainFigures] = field(default_factory=dict)
+    #: The engines that sampled the step's measured samples (sorted, comma-separated) and
+    #: the dtype the learner computed in: what its ``logprob_mismatch`` is judged against.
+    #: Empty when the step measured nothing, or for metrics written before the learner
+    #: recorded them.
+    engine: str = ""
+    dtype: str = ""
 
     def figure(self, key: str) -> float | None:
         return self.figures.get(key)
@@ -164,7 +170,14 @@ def _step(line: dict[str, Any]) -> Step:
         figures=figures,
         staleness_counts=_staleness_counts(line.get("staleness_counts")),
         domains=_domain_figures(line.get("domains")),
+        engine=_label(line.get("engine")),
+        dtype=_label(line.get("dtype")),
     )
+
+
+def _label(raw: object) -> str:
+    """A text field of a line; anything else (absent, null, a number) reads as unknown."""
+    return raw if isinstance(raw, str) else ""
 
 
 def _domain_figures(raw: object) -> dict[str, DomainFigures]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from protocol.messages import SandboxStatus
-from services.evaluation import watch, watch_scores
+from services.evaluation import watch, watch_mismatch, watch_scores
 from services.evaluation.report import plots
 from services.evaluation.report.document import (
     Alert,
@@ -241,6 +241,12 @@ def watch_section(review: watch.Review) -> Section:
     return Section("watch", "Reward-hacking watch", tuple(blocks), review.unchecked)
 
 
+def _bounds() -> str:
+    """The watch's mismatch bounds as ``engine/dtype bound``, one after the other."""
+    table = watch_mismatch.THRESHOLDS.items()
+    return ", ".join(f"{engine}/{dtype} {bound:g}" for (engine, dtype), bound in table)
+
+
 _CHECKS: tuple[tuple[str, str], ...] = (
     (
         "reward_vs_heldout",
@@ -269,5 +275,12 @@ _CHECKS: tuple[tuple[str, str], ...] = (
         f"a domain's reward histogram moves by {watch_scores.JUMP_TV} or more (total variation) "
         f"between consecutive versions, and {watch_scores.JUMP_NOISE:g}x what sampling noise "
         f"gives ({watch_scores.MIN_SAMPLES}+ samples each)",
+    ),
+    (
+        "logprob_mismatch",
+        "a learner step's mean |learner - behaviour| logprob over the trained tokens of its own "
+        "version's samples exceeds the bound of the engine that sampled them and the dtype "
+        f"({_bounds()}; else {watch_mismatch.DEFAULT_THRESHOLD:g}): the learner trains on "
+        "something other than what was sampled (all domains at once)",
     ),
 )
