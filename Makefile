@@ -21,13 +21,10 @@ WORKER_ENV := $(if $(TEST_WORKERS),OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1})
 
 venv: $(STAMP)
 
-# torch first: a plain `torch` requirement resolved by pip alone would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	rm -f $(VENV)/.installed-*
+# A copy of the dependencies installed once outside the clone (deploy/venv/build.sh, keyed by
+# a hash of pyproject.toml, the torch version and python's), plus this clone editable.
+$(STAMP): pyproject.toml deploy/venv/build.sh
+	PYTHON=$(PYTHON) deploy/venv/build.sh $(VENV) $(TORCH_VERSION)
 	touch $@
 
 # The CPU SGLang server's own venv, cached outside the clone by a hash of its inputs (a no-op

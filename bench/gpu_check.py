@@ -90,7 +90,8 @@ PROFILES = {
         batch=16,
         train_minutes=1.5,
         train_args=(
-            *("--warmup-steps", "0", "--eval-every", "0", "--eval-samples", "1"),
+            *("--warmup-steps", "0", "--eval-every", "0"),
+            *("--eval-samples", "1", "--eval-problems", "8"),
             *("--batch", "16", "--group", "4", "--in-flight", "8", "--max-steps", "2"),
         ),
         train_env={"TEMPER_LEARNER_SKIP_ZERO_ADVANTAGE": "false"},

@@ -137,6 +137,11 @@ async def test_on_policy_training_waits_for_each_version(tmp_path: Path) -> None
         "0",
         "--eval-every",
         "0",
+        # Only that both evaluations ran is asserted: a few problems, one sample each.
+        "--eval-problems",
+        "16",
+        "--eval-samples",
+        "1",
     )
     done = await finish(proc, timeout_s=540)
     assert done.code == 0, done.out + done.err
