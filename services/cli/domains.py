@@ -2,12 +2,14 @@
 
 The answer comes from a validator on ``temper.v1.domains`` (it loads the registry and
 knows what its judges read); ``--local`` describes this machine's registry instead,
-without a stack.
+without a stack.  ``temper domains export --harbor DIR [--template NAME ...]`` writes
+the built-in terminal templates as Harbor task folders (services/domains/harbor_export.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from protocol.client import StackUnavailable, TemperClient
 from protocol.errors import RemoteError
 from protocol.messages import DomainInfo, DomainList, DomainsRequest
 from services.cli.common import CliError, connect, emit_json, run
+
+#: ``temper domains export ...``: the first NAME selects the export, not a domain.
+EXPORT = "export"
 
 
 def register(commands: Any) -> None:
@@ -40,10 +45,28 @@ def register(commands: Any) -> None:
         default=30.0,
         help="seconds to wait for a validator (its first answer counts held-out problems)",
     )
+    export = domains.add_argument_group(
+        "export", "temper domains export --harbor DIR: terminal templates as Harbor tasks"
+    )
+    export.add_argument("--harbor", type=Path, metavar="DIR", help="write one task folder each")
+    export.add_argument(
+        "--template",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help="only these terminal templates (default: all)",
+    )
+    export.add_argument("--seed", type=int, default=0, help="the seed each task is drawn with")
+    export.add_argument(
+        "--base", default=None, metavar="IMAGE", help="the Dockerfiles' FROM (the sandbox image)"
+    )
     domains.set_defaults(run=cmd_domains)
 
 
 def cmd_domains(args: argparse.Namespace) -> int:
+    if args.names[:1] == [EXPORT] or args.harbor is not None:
+        return cmd_export(args)
     request = DomainsRequest(names=list(args.names), examples=args.examples)
     if args.local:
         listing = run(lambda: _local(request, args.domains_config))
@@ -54,6 +77,26 @@ def cmd_domains(args: argparse.Namespace) -> int:
     else:
         for line in describe(listing):
             print(line)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from services.domains.harbor import SANDBOX_IMAGE
+    from services.domains.harbor_export import ExportError, export_templates
+
+    if args.names != [EXPORT] or args.harbor is None:
+        raise CliError("usage: temper domains export --harbor DIR [--template NAME ...]", 2)
+    try:
+        written = export_templates(
+            args.harbor, args.template, seed=args.seed, base=args.base or SANDBOX_IMAGE
+        )
+    except ExportError as error:
+        raise CliError(str(error), 2) from None
+    except OSError as error:
+        raise CliError(f"cannot write under {args.harbor}: {error}", 1) from None
+    for path in written:
+        print(path)
+    print(f"{len(written)} Harbor tasks written to {args.harbor}", file=sys.stderr)
     return 0
 
 

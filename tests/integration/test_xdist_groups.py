@@ -27,7 +27,8 @@ def pytest_collection_finish(session):
 def test_sglang_and_docker_tests_carry_their_group_on_the_worker(tmp_path: Path) -> None:
     (tmp_path / "groups_recorder.py").write_text(RECORDER)
     out = tmp_path / "ids.txt"
-    env = {**os.environ, "GROUPS_OUT": str(out), "PYTHONPATH": str(tmp_path)}
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "GROUPS_OUT": str(out), "PYTHONPATH": path}
     files = ["test_generator_sglang.py", "test_sandbox_image.py", "test_client.py"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "groups_recorder", "-n", "1", "--dist"]
