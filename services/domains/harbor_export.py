@@ -157,6 +157,8 @@ def test_script(name: str) -> str:
         "# compares with the expected values in checks.json and writes the share of checks",
         "# passed. A check.py that fails writes nothing: the run is invalid, not a 0.",
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        "# A reward the agent planted is not this verifier's: only check.py's may be read.",
+        "rm -f /logs/verifier/reward.txt /logs/verifier/reward.json",
         f'exec python3 "$here/check.py" "$here/checks.json" {WORKDIR} /logs/verifier/reward.txt',
     ]
     return "\n".join(lines) + "\n"

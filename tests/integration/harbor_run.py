@@ -147,10 +147,17 @@ def _copy(container: Box, task: HarborTask, rest: str) -> None:
         container.root(f"chown -R {shlex.quote(owner)} {shlex.quote(str(where))}")
 
 
-def outcome(task: HarborTask, image: str, *, solved: bool) -> tuple[float | None, str]:
-    """The reward the task's verifier gives (None: it wrote none), and what it printed."""
+def outcome(
+    task: HarborTask, image: str, *, solved: bool, agent: str = ""
+) -> tuple[float | None, str]:
+    """The reward the task's verifier gives (None: it wrote none), and what it printed;
+    ``agent``: a bash script run first as the agent, where the agent works."""
     with box(image) as container:
         apply(container, task)
+        if agent:
+            # Harbor's agent can often write /logs (it commonly runs as root): the worst case.
+            container.root(f"mkdir -p {VERIFIER_DIR} && chmod 1777 {VERIFIER_DIR}")
+            container.exec(["bash", "-c", agent], user=container.user, workdir=container.workdir)
         if solved:
             assert task.solution is not None, f"{task.name} has no solution"
             container.copy_in(task.solution.parent, "/solution")
