@@ -853,7 +853,10 @@ import os, signal
 hit = 0
 for pid in filter(str.isdigit, os.listdir("/proc")):
     if int(pid) not in (1, os.getpid()):
-        os.kill(int(pid), SIGNAL)
+        try:
+            os.kill(int(pid), SIGNAL)
+        except ProcessLookupError:  # exited since /proc was listed: nothing left to hit
+            continue
         hit += 1
 print(hit)
 """
