@@ -8,9 +8,10 @@ the validator service turns each :class:`ValidatorSpec` into a judge.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -195,18 +196,22 @@ class Domain:
         """``n`` problems of ``split``, the same ones for the same seed (repeats allowed)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-        rng = random.Random(f"{self.name}:{split}:{seed}")
-        found: list[Problem] = []
-        # Rejection sampling, bounded: a split with no problems must fail, not spin.
-        draws = n * _DRAWS_PER_TASK + _DRAWS_PER_TASK
-        while len(found) < n and draws > 0:
-            draws -= 1
-            problem = self.source.draw(rng)
-            if self.split_of(problem) == split:
-                found.append(problem)
+        found = list(itertools.islice(self.drawn(n, split, seed), n))
         if len(found) == n:
             return found
         raise DomainError(self.name, f"found {len(found)} of {n} {split} problems; split too small")
+
+    def drawn(self, n: int, split: Split = "train", seed: int = 0) -> Iterator[Problem]:
+        """The problems of ``split`` in draw order, as :meth:`problems` takes them, for a
+        caller that may stop early; it ends after the draws that ``n`` problems are
+        allowed (rejection sampling, bounded: a split with no problems must end, not spin)."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        rng = random.Random(f"{self.name}:{split}:{seed}")
+        for _ in range(n * _DRAWS_PER_TASK + _DRAWS_PER_TASK):
+            problem = self.source.draw(rng)
+            if self.split_of(problem) == split:
+                yield problem
 
     def examples(self, n: int, split: Split = "train", seed: int = 0) -> list[Example]:
         problems = self.problems(n, split, seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from protocol.messages import SandboxLimits
@@ -54,11 +54,19 @@ def scored_and_shown(draw: Callable[[], Any], count: int) -> tuple[list[Any], An
 class FunctionSource:
     specs: tuple[FunctionSpec, ...]
     tests: int
+    #: Problems built so far, by key: a key is one problem, and building one executes its
+    #: reference on every input (a held-out set draws thousands of a few dozen keys).
+    built: dict[str, Problem] = field(default_factory=dict, compare=False, repr=False)
 
     def draw(self, rng: random.Random) -> Problem:
         spec = rng.choice(self.specs)
         variant = rng.choice(spec.variants)
         key = f"py:{spec.name}:{variant}"
+        if key not in self.built:
+            self.built[key] = self._build(spec, variant, key)
+        return self.built[key]
+
+    def _build(self, spec: FunctionSpec, variant: int, key: str) -> Problem:
         function = reference_function(spec, variant)
         # Inputs follow from the key alone: one key is one problem, whatever the caller's rng.
         inputs = random.Random(key)

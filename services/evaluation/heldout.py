@@ -10,6 +10,7 @@ macro average (each domain counting the same).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 import msgspec
 
 from protocol.messages import SamplingParams, ScoredRollout, ScoreStatus, Task
-from services.domains import Domain, Problem
+from services.domains import Domain, DomainError, Problem
 from services.evaluation.intervals import pass_at_k
 from services.evaluation.tiers import Outcome, build_report
 
@@ -37,9 +38,20 @@ class HeldoutSet:
 
     @classmethod
     def of(cls, domain: Domain, limit: int = 500) -> HeldoutSet:
-        """Up to ``limit`` distinct eval problems of ``domain``, in a fixed order."""
-        drawn = domain.problems(limit * _DRAWS, split="eval", seed=0)
-        distinct = sorted({p.key: p for p in drawn}.values(), key=lambda p: p.key)[:limit]
+        """The first ``limit`` distinct eval problems of ``domain`` in draw order (or all
+        that ``25 * limit`` draws of the split find), sorted by key.
+
+        Drawing stops at ``limit``: a large split costs ``limit`` draws, not ``25 * limit``,
+        and the set is a uniform sample of it rather than its smallest keys."""
+        seen: dict[str, Problem] = {}
+        wanted = limit * _DRAWS
+        for problem in itertools.islice(domain.drawn(wanted, split="eval", seed=0), wanted):
+            seen.setdefault(problem.key, problem)
+            if len(seen) >= limit:
+                break
+        if not seen:
+            raise DomainError(domain.name, "its eval split is empty: no held-out problems")
+        distinct = sorted(seen.values(), key=lambda p: p.key)
         answers = Counter(str(p.metadata.get("answer", p.key)) for p in distinct)
         chance = answers.most_common(1)[0][1] / len(distinct) if distinct else 0.0
         return cls(domain=domain, problems=tuple(distinct), chance=chance)

@@ -53,7 +53,9 @@ async def finish(
     finally:
         if proc.returncode is None:
             proc.kill()
-            await proc.wait()
+            # Not wait(): a pipe nobody reads stays paused once full and never sees EOF,
+            # and 3.11's wait() waits for the pipes too.
+            await proc.communicate()
     assert proc.returncode is not None
     return Done(proc.returncode, out.decode(), err.decode())
 

@@ -116,17 +116,21 @@ async def ended(
     proc: asyncio.subprocess.Process, reader: asyncio.Task[None], timeout_s: float = 60.0
 ) -> tuple[int, str]:
     """Exit status and stderr once stdout is read to its end (the process killed past
-    ``timeout_s``, failing the test)."""
+    ``timeout_s``, failing the test with what it printed on stderr)."""
     assert proc.stderr is not None
     try:
         async with asyncio.timeout(timeout_s):
             await reader
             err = (await proc.stderr.read()).decode()
             return await proc.wait(), err
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        # Read both pipes to their end: a pipe whose reader stopped is paused once its
+        # buffer is full, never sees EOF, and then ``wait()`` never returns (3.11).
+        _, late = await proc.communicate()
+        raise AssertionError(
+            f"submit --wait did not end within {timeout_s:g}s; stderr:\n{late.decode()[-3000:]}"
+        ) from None
 
 
 async def most_consumers(js: JetStreamContext, seen: list[int]) -> None:

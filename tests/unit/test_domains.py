@@ -179,3 +179,14 @@ def test_the_prompt_example_is_never_a_scored_input_even_in_a_tiny_space() -> No
         assert shown not in cases and cases  # two values left to score, the third shown
     only, shown = scored_and_shown(lambda: 7, 4)
     assert only == [7, 7, 7, 7] and shown == 7  # one input at all: nothing else to show
+
+
+def test_a_function_problem_is_built_once_per_key_and_the_same_as_a_fresh_build() -> None:
+    domain = load_registry(None).get("python_functions")
+    first = domain.problems(300, seed=4)
+    again = load_registry(None).get("python_functions").problems(300, seed=4)
+    # Equal to what a source that never cached builds, and the same object per key.
+    assert first == again
+    by_key = {p.key: p for p in first}
+    assert all(p is by_key[p.key] for p in first)
+    assert len(by_key) < len(first)

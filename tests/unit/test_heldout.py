@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
+from dataclasses import dataclass
 
 import pytest
 
 from protocol.messages import ChatMessage, Rollout, ScoredRollout, ScoreStatus, Segment, Task
 from protocol.packed import pack_f32, pack_i32, pack_u8
-from services.domains import load_registry
+from services.domains import Domain, DomainError, Problem, ValidatorSpec, load_registry
 from services.evaluation.heldout import (
     EVAL_TIER,
     MACRO,
@@ -33,6 +35,42 @@ def test_the_demo_split_holds_out_problems_not_spellings() -> None:
     assert not any(tuple(sorted(p.question.split("+"))) in operands for p in heldout.problems)
     # No constant answer does well: chance is the most common sum's share.
     assert 0.05 < heldout.chance < 0.2
+
+
+@dataclass
+class CountingSource:
+    """Problem ``i`` on the i-th draw: every draw is a new problem, so a split never ends."""
+
+    draws: int = 0
+
+    def draw(self, rng: random.Random) -> Problem:
+        self.draws += 1
+        return Problem(key=f"p{self.draws:06d}", question=str(self.draws), metadata={})
+
+
+def test_a_large_split_is_drawn_only_until_the_limit_and_a_small_one_whole() -> None:
+    source = CountingSource()
+    domain = Domain(name="many", source=source, validators=(ValidatorSpec(kind="exact"),))
+    heldout = HeldoutSet.of(domain, limit=40)
+    assert len(heldout.problems) == 40
+    # About limit / eval_fraction draws, not 25 times as many.
+    assert source.draws < 40 / domain.eval_fraction * 3
+    keys = [p.key for p in heldout.problems]
+    assert keys == sorted(keys) and len(set(keys)) == 40
+    # A split smaller than the limit is taken whole (the python bank's 22 keys).
+    small = load_registry(None).get("python_functions")
+    assert len(HeldoutSet.of(small).problems) == 22
+
+
+def test_an_empty_eval_split_is_an_error_naming_the_domain() -> None:
+    train_only = Domain(
+        name="train_only",
+        source=CountingSource(),
+        validators=(ValidatorSpec(kind="exact"),),
+        eval_fraction=0.0,
+    )
+    with pytest.raises(DomainError, match=r"'train_only'.*eval split is empty"):
+        HeldoutSet.of(train_only, limit=2)
 
 
 def test_eval_tasks_are_greedy_and_sampled_at_the_eval_tier() -> None:
