@@ -278,7 +278,7 @@ def _serve_rank() -> int:
     """One rank of the learner under torchrun: rank 0 serves, the others follow it."""
     from services.learner import ranks
     from services.learner.distributed import ParallelSettings
-    from services.learner.service import LearnerSettings
+    from services.learner.settings import LearnerSettings
 
     parallel = ParallelSettings.from_env(os.environ)
     if parallel is None:

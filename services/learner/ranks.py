@@ -58,7 +58,8 @@ from services.learner.distributed import (
     ShardedDataParallel,
     parallel_for,
 )
-from services.learner.service import LearnerService, LearnerSettings
+from services.learner.service import LearnerService
+from services.learner.settings import LearnerSettings
 from services.learner.trainer import Exported, StepResult, Trainer
 from services.runtime.logs import get_logger
 from services.runtime.orphans import exit_with_parent

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
@@ -40,27 +37,18 @@ from protocol.messages import (
     SampleRequest,
     ScoredRollout,
 )
-from services.domains.ranges import ScoreRange
-from services.learner.acks import AckSettings, WeightAcks
-from services.learner.broadcast import (
-    BroadcastSettings,
-    WeightServer,
-    WeightTransport,
-    make_weight_server,
-)
+from services.learner.acks import WeightAcks
+from services.learner.broadcast import WeightServer, make_weight_server
 from services.learner.checkpoints import Loaded
-from services.learner.distributed import PARALLEL_MODES, ParallelMode
 from services.learner.ledger import Consumed, Ledger, StepRecord
-from services.learner.loss import LossConfig
 from services.learner.metrics import Scalars, step_line
 from services.learner.published import Published, newest_published
-from services.learner.reward_bounds import UNKNOWN_DOMAIN, RewardBounds
-from services.learner.trainer import Exported, StepResult, Trainer, TrainerConfig
+from services.learner.settings import LearnerSettings
+from services.learner.trainer import Exported, StepResult, Trainer
 from services.replay.client import ReplayClient
 from services.runtime.ask import AskError, AskTimeout, BadReply, Refused
 from services.runtime.policy import last_policy_update
 from services.runtime.service import Service
-from services.runtime.settings import RuntimeSettings, SettingsError
 from services.runtime.stages import Stages
 
 if TYPE_CHECKING:
@@ -69,123 +57,6 @@ if TYPE_CHECKING:
 #: How long an announcement is tried again while the policy stream does not answer
 #: (several leader elections of a NATS cluster) before the learner gives up.
 ANNOUNCE_PATIENCE_S = 60.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class LearnerSettings:
-    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
-    #: Starting policy (Hugging Face directory); a checkpoint in ``out_dir`` takes precedence.
-    model: Path = Path("models/tiny")
-    #: Published weights (``weights/v<N>``), the checkpoint and metrics.jsonl.
-    out_dir: Path = Path("run/learner")
-    #: Samples per optimizer step (whole groups).
-    batch_size: int = 64
-    lr: float = 1e-4
-    #: Linear decay to ``lr * lr_final`` over this many steps (0: a constant rate).
-    lr_decay_steps: int = 0
-    lr_final: float = 0.1
-    clip_eps: float = 0.2
-    is_cap: float = 2.0
-    #: k3 KL to the starting policy (0: no reference model is loaded) and entropy bonus.
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch: int = 16
-    #: Optimizer steps per batch = epochs x minibatches, clipped against the batch's start.
-    epochs: int = 1
-    minibatches: int = 1
-    #: Samples of groups whose rewards are all equal skip the forward pass (no gradient).
-    skip_zero_advantage: bool = True
-    #: Torch intra-op threads; 0 keeps torch's default (every core).  On a machine that
-    #: the generator shares, 1 avoids two processes' thread pools spinning on each other.
-    threads: int = 0
-    #: TensorBoard scalars per step under ``out_dir/tensorboard``.
-    tensorboard: bool = True
-    #: Staleness bound sent with every request; ``None`` keeps the buffer's.
-    max_staleness: int | None = None
-    #: Publish a new policy version every this many steps.
-    publish_every: int = 1
-    #: A checkpoint (then a commit of the interval before it) every this many batches ...
-    checkpoint_every: int = 10
-    #: ... or as soon as this many trained samples wait for one: the buffer holds up to
-    #: about twice this many leased (commits trail one checkpoint), within its capacity.
-    commit_samples: int = 1024
-    keep_checkpoints: int = 3
-    keep_versions: int = 3
-    #: Lease batches until committed (exactly-once); False acks them when served.
-    lease: bool = True
-    commit_timeout_s: float = 10.0
-    #: How long a round waits for every live generator to ack a new version (training
-    #: goes on meanwhile); generators that don't are reported lagging.
-    weight_ack_timeout_s: float = 60.0
-    #: How generators get each version: ``disk`` (they load its directory from a volume
-    #: they share) or ``distributed`` (SGLang servers receive a torch.distributed broadcast
-    #: from this learner; every version is still written to disk).  docs/operations.md.
-    weight_transport: WeightTransport = "disk"
-    #: ``distributed``: the address the SGLang servers reach this learner at.
-    weight_master_address: str = "127.0.0.1"
-    #: ``distributed``: joining a group, or one broadcast, taking longer fails it.
-    weight_broadcast_timeout_s: float = 120.0
-    #: How long the buffer may take to fill a batch; a partial batch is trained on.
-    sample_wait_s: float = 5.0
-    #: The smallest batch worth a step: the buffer keeps a smaller one until it grows.
-    min_samples: int = 8
-    #: Take no batch after this many steps (0: no limit); everything trained is
-    #: checkpointed and committed, and the service stays up until it is stopped.
-    max_steps: int = 0
-    device: str = "cpu"
-    seed: int = 0
-    #: Under torchrun: how long a rank waits in a collective for the others before the
-    #: job fails (and how often, at most a quarter of it, an idle rank 0 says so).
-    rank_timeout_s: float = 1800.0
-    #: Under torchrun: ``ddp`` replicates the model on every rank, ``fsdp`` shards it
-    #: (docs/operations.md).  A single process has nothing to shard over and ignores it.
-    parallel: ParallelMode = "ddp"
-    #: The domains whose reward ranges the learner enforces: the validator's config (a
-    #: TOML file or a folder; ``None``: the built-in domains) and its plugins.
-    domains_config: Path | None = None
-    domain_plugins: bool = True
-    #: The rewards accepted for a domain the config does not know, low and high.
-    unknown_domain_reward: tuple[float, ...] = (UNKNOWN_DOMAIN.low, UNKNOWN_DOMAIN.high)
-
-    def __post_init__(self) -> None:
-        low_high = self.unknown_domain_reward
-        if len(low_high) != 2 or not math.isfinite(sum(low_high)) or low_high[0] > low_high[1]:
-            raise SettingsError(
-                "TEMPER_LEARNER_UNKNOWN_DOMAIN_REWARD is two finite numbers, low,high: "
-                f"not {low_high!r}"
-            )
-        if self.parallel not in PARALLEL_MODES:
-            raise SettingsError(
-                f"TEMPER_LEARNER_PARALLEL={self.parallel!r} is not one of "
-                f"{', '.join(PARALLEL_MODES)}"
-            )
-
-    def trainer_config(self) -> TrainerConfig:
-        return TrainerConfig(
-            lr=self.lr,
-            lr_decay_steps=self.lr_decay_steps,
-            lr_final=self.lr_final,
-            grad_clip=self.grad_clip,
-            micro_batch=self.micro_batch,
-            epochs=self.epochs,
-            minibatches=self.minibatches,
-            skip_zero_advantage=self.skip_zero_advantage,
-            loss=LossConfig(
-                clip_eps=self.clip_eps,
-                is_cap=self.is_cap,
-                kl_coef=self.kl_coef,
-                entropy_coef=self.entropy_coef,
-            ),
-            seed=self.seed,
-            keep_checkpoints=self.keep_checkpoints,
-            rewards=self.reward_bounds(),
-        )
-
-    def reward_bounds(self) -> RewardBounds:
-        low, high = self.unknown_domain_reward
-        unknown = ScoreRange(low, high)
-        return RewardBounds.load(self.domains_config, self.domain_plugins, unknown)
 
 
 class LearnerService(Service):
@@ -207,15 +78,9 @@ class LearnerService(Service):
         self.negative_staleness = 0
         self._scalars: Scalars | None = None
         self._ledger = Ledger(settings.out_dir)
-        self.acks = WeightAcks(AckSettings(timeout_s=settings.weight_ack_timeout_s), self.log)
+        self.acks = WeightAcks(settings.weights.acks(), self.log)
         self.weights: WeightServer | None = make_weight_server(
-            settings.weight_transport,
-            BroadcastSettings(
-                master_address=settings.weight_master_address,
-                timeout_s=settings.weight_broadcast_timeout_s,
-            ),
-            self.instance,
-            self.log,
+            settings.weights.weight_transport, settings.weights.broadcast(), self.instance, self.log
         )
         self._since_checkpoint = 0
         #: The version announced last, with its digest (for the ledger).
@@ -256,7 +121,7 @@ class LearnerService(Service):
         await self._continue_lineage()
         if self.ranks is not None:
             await asyncio.to_thread(self.ranks.synchronise, self.trainer)
-        if settings.lease:
+        if settings.commits.lease:
             # What the checkpoint covers is committed first, so that the release puts back
             # only what the abandoned steps used.
             await self._commit(all_closed=True)
@@ -357,7 +222,8 @@ class LearnerService(Service):
 
     async def _train_loop(self) -> None:
         while True:
-            if self.settings.max_steps and self.trainer.step >= self.settings.max_steps:
+            max_steps = self.settings.sampling.max_steps
+            if max_steps and self.trainer.step >= max_steps:
                 await self._after_last_step()
                 continue
             stages = Stages()
@@ -456,14 +322,14 @@ class LearnerService(Service):
         request = SampleRequest(
             id=uuid.uuid4().hex,
             learner_version=trainer.version,
-            max_samples=self.settings.batch_size,
-            max_staleness=self.settings.max_staleness,
+            max_samples=self.settings.sampling.batch_size,
+            max_staleness=self.settings.sampling.max_staleness,
             whole_groups=True,
-            wait_s=self.settings.sample_wait_s,
-            min_samples=self.settings.min_samples,
-            lease=self.settings.lease,
+            wait_s=self.settings.sampling.sample_wait_s,
+            min_samples=self.settings.sampling.min_samples,
+            lease=self.settings.commits.lease,
         )
-        timeout = self.settings.sample_wait_s + 10.0
+        timeout = self.settings.sampling.sample_wait_s + 10.0
         try:
             return await ReplayClient(self.bus).sample(request, timeout)
         except Refused as error:
@@ -473,7 +339,7 @@ class LearnerService(Service):
         except AskError as error:
             self.failures += 1
             self.log.warning("no_batch", error=repr(error))
-            if self.settings.lease and isinstance(error, AskTimeout | BadReply):
+            if self.settings.commits.lease and isinstance(error, AskTimeout | BadReply):
                 # The buffer may have leased a batch whose reply never arrived: put it back.
                 # Leases of rollouts trained here come back too, and are only committed.
                 await self._release_leases()
@@ -481,7 +347,7 @@ class LearnerService(Service):
 
     async def _publish(self, step: int, stages: Stages) -> bool:
         """Export and announce a new version when one is due; True if one was."""
-        if step % self.settings.publish_every:
+        if step % self.settings.weights.publish_every:
             return False
         with stages.stage("export"):
             exported = await asyncio.to_thread(self._export)
@@ -492,8 +358,8 @@ class LearnerService(Service):
     async def _maybe_checkpoint(self, stages: Stages) -> None:
         waiting = self._ledger.waiting()
         if (
-            self._since_checkpoint < self.settings.checkpoint_every
-            and waiting < self.settings.commit_samples
+            self._since_checkpoint < self.settings.commits.checkpoint_every
+            and waiting < self.settings.commits.commit_samples
         ):
             return
         with stages.stage("checkpoint"):
@@ -536,7 +402,7 @@ class LearnerService(Service):
         self._since_checkpoint = 0
 
     def _export(self) -> Exported:
-        keep = self.settings.keep_versions
+        keep = self.settings.weights.keep_versions
         if self.ranks is None:
             return self.trainer.export(keep)
         return self.ranks.export(self.trainer, keep)
@@ -568,7 +434,8 @@ class LearnerService(Service):
 
     async def _commit_request(self, request: BatchCommit | LeaseRelease) -> CommitReply | None:
         try:
-            return await ReplayClient(self.bus).commit(request, self.settings.commit_timeout_s)
+            timeout_s = self.settings.commits.commit_timeout_s
+            return await ReplayClient(self.bus).commit(request, timeout_s)
         except Refused as error:
             self.log.warning("commit_refused", code=error.code, reason=error.message)
             return None

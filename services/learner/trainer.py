@@ -42,6 +42,7 @@ from services.learner.rows import build as rows_of
 from services.model.load import default_dtype, load_causal_lm
 from services.model.weights import directory_digest, write_weights
 from services.runtime.logs import get_logger
+from services.runtime.settings import FLAT, NOT_FROM_ENV
 from services.runtime.stages import Stages
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class TrainerConfig:
     #: flips answers with every full-size step; smaller ones keep what it learnt.
     lr_decay_steps: int = 0
     lr_final: float = 0.1
+    #: AdamW's decoupled weight decay (0: none).
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch: int = 16
@@ -69,12 +71,14 @@ class TrainerConfig:
     #: rewards are all equal): they add no gradient, only cost.  Ignored when a KL or an
     #: entropy term gives them one.
     skip_zero_advantage: bool = True
-    loss: LossConfig = field(default_factory=LossConfig)
+    #: Its fields are set as the learner's own (``TEMPER_LEARNER_CLIP_EPS``).
+    loss: LossConfig = field(default_factory=LossConfig, metadata=FLAT)
     seed: int = 0
     #: Checkpoints kept: a damaged newest one falls back to the one before.
     keep_checkpoints: int = 3
-    #: Rewards outside their domain's declared range are refused.
-    rewards: RewardBounds = field(default_factory=RewardBounds)
+    #: Rewards outside their domain's declared range are refused.  Built from the
+    #: domain config (``LearnerSettings.rewards``), never read from the environment.
+    rewards: RewardBounds = field(default_factory=RewardBounds, metadata=NOT_FROM_ENV)
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "epochs", "minibatches"):

@@ -141,7 +141,8 @@ async def test_a_resumed_learner_commits_what_its_checkpoint_covers_before_relea
 ) -> None:
     """Rollouts trained before the checkpoint and not yet committed (commits trail one
     checkpoint) are committed at start, not served again to be dropped as stale."""
-    from services.learner.service import LearnerService, LearnerSettings
+    from services.learner.service import LearnerService
+    from services.learner.settings import LearnerSettings, SamplingSettings
     from services.learner.trainer import Trainer
     from services.replay.service import ReplayService, ReplaySettings
     from tests.integration.support import runtime
@@ -152,7 +153,7 @@ async def test_a_resumed_learner_commits_what_its_checkpoint_covers_before_relea
         model=tiny_model,
         out_dir=tmp_path / "learner",
         tensorboard=False,
-        sample_wait_s=0.2,
+        sampling=SamplingSettings(sample_wait_s=0.2),
     )
     replay_settings = ReplaySettings(runtime=runtime(nats_url, instance="replay-resume"))
     async with client(nats_url) as nc, ReplayService(replay_settings) as replay:
@@ -180,7 +181,8 @@ async def test_a_batch_whose_reply_is_lost_is_released_and_trained_once(
     """The buffer leased a batch, but its reply never reached the learner (dropped here
     at the transport): the learner releases the lease, and the rollouts are served
     again and trained once."""
-    from services.learner.service import LearnerService, LearnerSettings
+    from services.learner.service import LearnerService
+    from services.learner.settings import LearnerSettings, SamplingSettings
     from services.replay.service import ReplayService, ReplaySettings
     from tests.integration.support import runtime
     from tests.integration.test_replay_service import _publish, _until_held
@@ -190,8 +192,7 @@ async def test_a_batch_whose_reply_is_lost_is_released_and_trained_once(
         model=tiny_model,
         out_dir=tmp_path / "learner",
         tensorboard=False,
-        sample_wait_s=0.2,
-        min_samples=2,
+        sampling=SamplingSettings(sample_wait_s=0.2, min_samples=2),
     )
     replay_settings = ReplaySettings(runtime=runtime(nats_url, instance="replay-lost"))
     wanted = {"lost/0", "lost/1"}
@@ -235,7 +236,8 @@ async def test_the_learner_stops_at_max_steps_with_everything_trained_committed(
 ) -> None:
     """``max_steps`` = 2, batches of 4 and 12 rollouts waiting: two steps, their rollouts
     committed (not left leased), the rest left in the buffer for whoever comes next."""
-    from services.learner.service import LearnerService, LearnerSettings
+    from services.learner.service import LearnerService
+    from services.learner.settings import CommitSettings, LearnerSettings, SamplingSettings
     from services.replay.service import ReplayService, ReplaySettings
     from tests.integration.support import runtime
     from tests.integration.test_replay_service import _publish, _until_held
@@ -245,11 +247,8 @@ async def test_the_learner_stops_at_max_steps_with_everything_trained_committed(
         model=tiny_model,
         out_dir=tmp_path / "learner",
         tensorboard=False,
-        batch_size=4,
-        sample_wait_s=0.2,
-        min_samples=4,
-        checkpoint_every=10,
-        max_steps=2,
+        sampling=SamplingSettings(batch_size=4, sample_wait_s=0.2, min_samples=4, max_steps=2),
+        commits=CommitSettings(checkpoint_every=10),
     )
     replay_settings = ReplaySettings(runtime=runtime(nats_url, instance="replay-max"))
     items = [scored(f"max{g}", i) for g in range(6) for i in (0, 1)]

@@ -8,7 +8,8 @@ from pathlib import Path
 from protocol import streams, subjects
 from protocol.codec import encode
 from protocol.messages import PolicyUpdate
-from services.learner.service import LearnerService, LearnerSettings
+from services.learner.service import LearnerService
+from services.learner.settings import LearnerSettings, SamplingSettings
 from tests.integration.support import client, runtime
 
 
@@ -18,7 +19,7 @@ def _settings(url: str, model: Path, out_dir: Path) -> LearnerSettings:
         model=model,
         out_dir=out_dir,
         tensorboard=False,
-        sample_wait_s=0.2,
+        sampling=SamplingSettings(sample_wait_s=0.2),
     )
 
 

@@ -31,8 +31,8 @@ from protocol.packed import pack_f32
 from services.learner.checkpoints import CheckpointStore
 from services.learner.checkpoints import read as read_checkpoint
 from services.learner.ledger_check import LedgerReport, check
-from services.learner.service import LearnerSettings
-from services.learner.trainer import Trainer
+from services.learner.settings import LearnerSettings
+from services.learner.trainer import Trainer, TrainerConfig
 from services.model.weights import WEIGHTS_FILE, unique_tensors
 from services.replay.service import ReplayService, ReplaySettings
 from tests.integration.chaos import policy_updates
@@ -349,7 +349,9 @@ def _replayed(model: Path, out: Path, work: Path, start: _Start, after: int) -> 
     ``after``, with one thread as each rank has: Adam's first updates are about ``lr``
     times the sign of each gradient entry, so another thread count's rounding flips some."""
     lr = float(SHARDED["TEMPER_LEARNER_LR"])
-    settings = LearnerSettings(model=model, out_dir=out, lr=lr, micro_batch=2)
+    settings = LearnerSettings(
+        model=model, out_dir=out, trainer=TrainerConfig(lr=lr, micro_batch=2)
+    )
     trainer = Trainer(model, work, settings.trainer_config())
     if start.checkpoint is not None:
         trainer.load_checkpoint(start.checkpoint)

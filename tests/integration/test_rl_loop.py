@@ -17,7 +17,9 @@ from protocol.messages import PolicyUpdate, ScoredRollout, Task
 from services.domains import load_registry
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.learner.service import LearnerService, LearnerSettings
+from services.learner.service import LearnerService
+from services.learner.settings import LearnerSettings, SamplingSettings, WeightSettings
+from services.learner.trainer import TrainerConfig
 from services.replay.service import ReplayService, ReplaySettings
 from services.validator.service import ValidatorService
 from services.validator.settings import ValidatorSettings
@@ -67,15 +69,12 @@ async def test_policy_versions_flow_back_to_the_generator(
             runtime=runtime(nats_url, instance="lrn"),
             model=tiny_model,
             out_dir=tmp_path / "learner",
-            batch_size=8,
-            min_samples=4,
-            sample_wait_s=0.5,
-            lr=1e-3,
-            # A random policy scores 0 everywhere: without this, a batch with no advantage
-            # changes no weight and is not a step.
-            skip_zero_advantage=False,
+            sampling=SamplingSettings(batch_size=8, min_samples=4, sample_wait_s=0.5),
+            # A random policy scores 0 everywhere: without skip_zero_advantage=False, a
+            # batch with no advantage changes no weight and is not a step.
+            trainer=TrainerConfig(lr=1e-3, skip_zero_advantage=False),
             # Every version stays on disk: the learner may publish several before the checks.
-            keep_versions=1000,
+            weights=WeightSettings(keep_versions=1000),
         )
     )
     async with client(nats_url) as nc:

@@ -11,7 +11,6 @@ NATS servers routed to each other.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import json
 import re
@@ -27,7 +26,7 @@ import yaml
 from protocol.servers import server_list
 from services import registry
 from services.cli import build_parser
-from services.runtime.settings import RuntimeSettings, from_env
+from services.runtime.settings import from_env, variables
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -454,18 +453,16 @@ def test_the_shared_env_names_every_nats_server(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(BUILDS))
 def test_service_settings_are_real_fields_and_parse(name: str) -> None:
     objects = build(BUILDS[name])
-    runtime_fields = {field.name.upper() for field in dataclasses.fields(RuntimeSettings)}
     for service in registry.BUILTIN:
         deployment = find(objects, "Deployment", service)
         env = env_of(objects, container(deployment, service))
         settings_cls = registry.settings_type(registry.lookup(service).load())
         prefix = f"TEMPER_{service.upper()}_"
-        fields = {field.name.upper() for field in dataclasses.fields(settings_cls)}
+        # The service's own variables, and the shared ``TEMPER_<RUNTIME FIELD>``.
+        read = variables(settings_cls, prefix)
         for key in env:
-            if key.startswith(prefix):
-                assert key.removeprefix(prefix) in fields, key
-            elif key.startswith("TEMPER_"):
-                assert key.removeprefix("TEMPER_") in runtime_fields, key
+            if key.startswith("TEMPER_"):
+                assert key in read, key
         settings = from_env(settings_cls, prefix, env)
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert settings.runtime.metrics_port == int(annotations["prometheus.io/port"]), service

@@ -25,7 +25,7 @@ from services.learner.ranks import (
     checksum,
     torchrun_command,
 )
-from services.learner.service import LearnerSettings
+from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, _even_slices
 from services.runtime.settings import SettingsError
 from tests.integration.ddp_step_worker import CONFIG, batch

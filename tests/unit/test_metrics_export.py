@@ -34,7 +34,8 @@ from services.control.service import ControlService, ControlSettings
 from services.engines.torch.engine import TorchEngine
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.learner.service import LearnerService, LearnerSettings
+from services.learner.service import LearnerService
+from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
 from services.replay.service import ReplayService, ReplaySettings
 from services.runtime.metrics import ServiceMetrics, figure_metric

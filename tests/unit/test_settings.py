@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytest
 
-from services.runtime.settings import RuntimeSettings, SettingsError, from_env
+from services.runtime.settings import (
+    FLAT,
+    NOT_FROM_ENV,
+    DuplicateVariable,
+    RuntimeSettings,
+    SettingsError,
+    from_env,
+    variables,
+)
 
 PREFIX = "TEMPER_DEMO_"
 
@@ -190,3 +198,173 @@ def test_a_mode_switch_takes_only_its_values() -> None:
     assert build(TEMPER_DEMO_MODE="safe").mode == "safe"
     with pytest.raises(SettingsError, match="TEMPER_DEMO_MODE='Safe': not one of 'fast', 'safe'"):
         build(TEMPER_DEMO_MODE="Safe")
+
+
+# ---------------------------------------------------------------- flat groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    depth: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optimizer:
+    lr: float = 0.1
+    #: A flat group inside a flat group: ``inner.depth`` still reads ``<PREFIX>DEPTH``.
+    inner: Inner = field(default_factory=Inner, metadata=FLAT)
+    #: Built by the service from other settings, never from a variable.
+    table: dict[str, int] = field(default_factory=dict, metadata=NOT_FROM_ENV)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grouped:
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    name: str = "g"
+    optimizer: Optimizer = field(
+        default_factory=lambda: Optimizer(lr=0.5, inner=Inner(depth=9)), metadata=FLAT
+    )
+
+
+def test_a_flat_group_reads_the_parents_variables_recursively() -> None:
+    built = from_env(Grouped, "TEMPER_G_", {"TEMPER_G_LR": "0.25", "TEMPER_G_DEPTH": "4"})
+    assert built.optimizer.lr == 0.25
+    assert built.optimizer.inner.depth == 4
+    assert variables(Grouped, "TEMPER_G_")["TEMPER_G_DEPTH"] == "optimizer.inner.depth"
+    # The group's name is no part of a variable.
+    assert from_env(Grouped, "TEMPER_G_", {"TEMPER_G_OPTIMIZER_LR": "0.25"}) == Grouped()
+    assert "TEMPER_G_OPTIMIZER_LR" not in variables(Grouped, "TEMPER_G_")
+
+
+def test_a_flat_group_keeps_its_own_default_and_takes_single_overrides() -> None:
+    built = from_env(Grouped, "TEMPER_G_", {"TEMPER_G_LR": "0.75"})
+    assert built.optimizer == Optimizer(lr=0.75, inner=Inner(depth=9))
+
+
+def test_a_top_level_flat_group_has_no_shared_fallback() -> None:
+    assert from_env(Grouped, "TEMPER_G_", {"TEMPER_LR": "0.75", "TEMPER_DEPTH": "3"}) == Grouped()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    connect_s: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupedRuntime(RuntimeSettings):
+    timeouts: Timeouts = field(default_factory=Timeouts, metadata=FLAT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WithGroupedRuntime:
+    runtime: GroupedRuntime = field(default_factory=GroupedRuntime)
+
+
+def test_a_flat_group_falls_back_as_its_parent_does() -> None:
+    read = variables(WithGroupedRuntime, "TEMPER_W_")
+    assert (
+        read["TEMPER_W_RUNTIME_CONNECT_S"]
+        == read["TEMPER_CONNECT_S"]
+        == "runtime.timeouts.connect_s"
+    )
+    built = from_env(WithGroupedRuntime, "TEMPER_W_", {"TEMPER_CONNECT_S": "2.5"})
+    assert built.runtime.timeouts.connect_s == 2.5
+    mine = {"TEMPER_CONNECT_S": "2.5", "TEMPER_W_RUNTIME_CONNECT_S": "7"}
+    assert from_env(WithGroupedRuntime, "TEMPER_W_", mine).runtime.timeouts.connect_s == 7.0
+
+
+def test_only_the_runtime_group_falls_back_to_shared_variables() -> None:
+    """Another nested group reading ``TEMPER_<FIELD>`` would let one variable set the
+    sandbox's ``defaults`` and ``maxima`` alike."""
+    from services.sandbox.settings import SandboxSettings
+
+    read = variables(SandboxSettings, "TEMPER_SANDBOX_")
+    assert read["TEMPER_SANDBOX_MAXIMA_PIDS"] == "maxima.pids"
+    assert "TEMPER_PIDS" not in read
+    assert from_env(SandboxSettings, "TEMPER_SANDBOX_", {"TEMPER_PIDS": "7"}) == SandboxSettings()
+
+
+def test_a_field_kept_from_the_environment_is_never_read() -> None:
+    built = from_env(Grouped, "TEMPER_G_", {"TEMPER_G_TABLE": "not a table"})
+    assert built.optimizer.table == {}
+    assert "table" not in " ".join(variables(Grouped, "TEMPER_G_").values())
+
+
+def test_variables_lists_every_variable_with_its_field() -> None:
+    read = variables(Grouped, "TEMPER_G_")
+    own = {k: v for k, v in read.items() if not v.startswith("runtime.")}
+    assert own == {
+        "TEMPER_G_NAME": "name",
+        "TEMPER_G_LR": "optimizer.lr",
+        "TEMPER_G_DEPTH": "optimizer.inner.depth",
+    }
+    assert read["TEMPER_G_RUNTIME_NATS_URL"] == read["TEMPER_NATS_URL"] == "runtime.nats_url"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Clashing:
+    lr: float = 1.0
+    optimizer: Optimizer = field(default_factory=Optimizer, metadata=FLAT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoGroupsClash:
+    first: Inner = field(default_factory=Inner, metadata=FLAT)
+    second: Inner = field(default_factory=Inner, metadata=FLAT)
+
+
+@pytest.mark.parametrize(
+    ("cls", "first", "second", "variable"),
+    [
+        (Clashing, "'lr'", "'optimizer.lr'", "TEMPER_C_LR"),
+        (TwoGroupsClash, "'first.depth'", "'second.depth'", "TEMPER_C_DEPTH"),
+    ],
+)
+def test_two_fields_on_one_variable_fail_at_build_naming_both(
+    cls: type[Any], first: str, second: str, variable: str
+) -> None:
+    with pytest.raises(DuplicateVariable) as caught:
+        from_env(cls, "TEMPER_C_", {})  # raised whether or not the variable is set
+    message = str(caught.value)
+    assert first in message and second in message and variable in message
+    with pytest.raises(DuplicateVariable):
+        variables(cls, "TEMPER_C_")
+
+
+def test_a_top_level_field_named_like_a_shared_runtime_variable_clashes() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Shared:
+        runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+        nats_url: str = ""
+
+    with pytest.raises(DuplicateVariable, match="TEMPER_NATS_URL"):
+        from_env(Shared, "TEMPER_", {})
+
+
+def test_a_flat_group_must_be_a_dataclass() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Wrong:
+        limit: int = field(default=1, metadata=FLAT)
+
+    with pytest.raises(TypeError, match=r"Wrong\.limit: a flat group must be a dataclass"):
+        from_env(Wrong, "TEMPER_W_", {})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checked:
+    low: int = 0
+    high: int = 1
+
+    def __post_init__(self) -> None:
+        if self.low > self.high:
+            raise ValueError(f"low must not exceed high, not {self.low} > {self.high}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    span: Checked = field(default_factory=Checked, metadata=FLAT)
+
+
+def test_a_check_of_a_group_is_a_settings_error_under_its_prefix() -> None:
+    with pytest.raises(SettingsError, match=r"TEMPER_H_\*: low must not exceed high, not 5 > 1"):
+        from_env(Holder, "TEMPER_H_", {"TEMPER_H_LOW": "5"})

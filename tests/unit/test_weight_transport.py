@@ -38,7 +38,8 @@ from services.learner.broadcast import (
     make_weight_server,
     read_snapshot,
 )
-from services.learner.service import LearnerService, LearnerSettings
+from services.learner.service import LearnerService
+from services.learner.settings import LearnerSettings, WeightSettings
 from services.learner.trainer import Exported
 from services.model.weights import WEIGHTS_FILE, directory_digest
 from services.runtime.errors import RequestRejected
@@ -137,7 +138,9 @@ def test_a_host_name_with_dots_still_makes_a_weight_subject() -> None:
 
 async def test_the_learner_announces_a_snapshot_it_then_serves(tmp_path: Path) -> None:
     settings = LearnerSettings(
-        out_dir=tmp_path / "run", weight_transport="distributed", tensorboard=False
+        out_dir=tmp_path / "run",
+        weights=WeightSettings(weight_transport="distributed"),
+        tensorboard=False,
     )
     learner = LearnerService(settings)
     learner._trainer = cast(Any, SimpleNamespace(step=3, consumed=12))
