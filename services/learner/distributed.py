@@ -19,7 +19,6 @@ from typing import Any, Literal, TypeVar, get_args
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from services.learner.loss import LossStats
 from services.learner.mismatch import NOT_MEASURED, Mismatch
@@ -29,8 +28,6 @@ _Share = TypeVar("_Share")
 #: The learner's ``parallel`` setting: how the ranks hold the model.
 ParallelMode = Literal["ddp", "fsdp"]
 PARALLEL_MODES: tuple[str, ...] = get_args(ParallelMode)
-#: Gathered whole, onto rank 0's CPU: what an export or a checkpoint writes.
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,7 +256,7 @@ class ShardedDataParallel(DataParallel):
         """A collective: rank 0 gets the whole state dict on the CPU, the others nothing."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        full: dict[str, Any] = get_model_state_dict(model, options=_FULL)
+        full: dict[str, Any] = get_model_state_dict(model, options=_full())
         # Names of one parameter (tied embeddings) share one tensor, as in
         # ``model.state_dict()``, so that an export writes it once.
         first: dict[int, str] = {}
@@ -276,7 +273,7 @@ class ShardedDataParallel(DataParallel):
         keys it (parameter positions), so that a checkpoint loads in one process too."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        full: Any = get_optimizer_state_dict(model, optimizer, options=_FULL)
+        full: Any = get_optimizer_state_dict(model, optimizer, options=_full())
         if not full:
             return {}
         names = [name for group in full["param_groups"] for name in group["params"]]
@@ -354,3 +351,12 @@ def parallel_for(mode: str) -> type[DataParallel]:
     if mode == "fsdp":
         return ShardedDataParallel
     raise ValueError(f"parallel {mode!r} is not one of {', '.join(PARALLEL_MODES)}")
+
+
+def _full() -> Any:
+    """Gathered whole, onto rank 0's CPU: what an export or a checkpoint writes.  Imported
+    here, not at the top: torch.distributed.checkpoint takes about a second to import, and
+    only a sharded learner needs it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
