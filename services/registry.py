@@ -57,6 +57,10 @@ ON_REQUEST: Mapping[str, tuple[ServiceEntry, str]] = {
         ServiceEntry("feeder", "services.feeder.service:FeederService"),
         "TEMPER_FEEDER_MIX",
     ),
+    "gateway": (
+        ServiceEntry("gateway", "services.gateway.service:GatewayService"),
+        "TEMPER_GATEWAY_KEYS_FILE",
+    ),
 }
 
 

@@ -1,0 +1,150 @@
+"""Gateway service: OpenAI-compatible HTTP on the bus (docs/gateway.md).
+
+The HTTP server (aiohttp.web) runs inside the service's lifecycle: it listens once the
+service has connected and caught up on the policy version, and a stop closes it first
+(no new request is taken), lets requests in flight finish within the grace period, then
+closes the bus.  The served version comes from the policy-update subject the generators
+follow, caught up from the policy stream at start and after a reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from protocol import subjects
+from protocol.codec import Codec
+from protocol.messages import PolicyUpdate
+from services.gateway.app import GatewayApp, ServedPolicy
+from services.gateway.keys import KeyRing
+from services.gateway.sessions import SessionStore
+from services.gateway.settings import GatewaySettings
+from services.runtime.policy import last_policy_update
+from services.runtime.responder import Request
+from services.runtime.service import Service
+
+
+class GatewayListenError(OSError):
+    """The HTTP port could not be opened (taken, or not allowed)."""
+
+
+class GatewayService(Service):
+    name = "gateway"
+
+    def __init__(
+        self, settings: GatewaySettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(settings.runtime)
+        self.settings = settings
+        self._clock = clock
+        # Bad keys stop the service before it connects, naming the entry.
+        self.keys = KeyRing.load(settings, clock)
+        self.policy = ServedPolicy()
+        self.sessions = SessionStore(
+            max_sessions=settings.max_sessions, max_trajectories=settings.max_trajectories
+        )
+        self.http = GatewayApp(settings, self.keys, self.policy, self.log)
+        self._http_runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        """Where the gateway answers (``…/v1`` is an OpenAI ``base_url``); empty when closed."""
+        if self.port is None:
+            return ""
+        host = self.settings.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    async def setup(self) -> None:
+        await self._catch_up_policy()
+        self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
+        await self._open_http()
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._reap()]
+
+    async def reconnected(self) -> None:
+        await self._catch_up_policy()  # an update announced while away
+
+    async def intake_stopped(self) -> None:
+        await self._close_http()
+
+    async def teardown(self) -> None:
+        await self._close_http()
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _open_http(self) -> None:
+        runner = self.http.runner(shutdown_timeout_s=self.runtime.grace_s)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, self.settings.port)
+        try:
+            await site.start()
+        except OSError as error:
+            await runner.cleanup()
+            where = f"{self.settings.host}:{self.settings.port}"
+            raise GatewayListenError(
+                error.errno, f"the gateway cannot listen on {where}: {error.strerror}"
+            ) from error
+        self._http_runner = runner
+        self.port = int(runner.addresses[0][1])
+        self.log.info("gateway_listening", url=self.url, model=self.settings.model_id)
+
+    async def _close_http(self) -> None:
+        """Stop taking requests, let those in flight finish (within the grace), close."""
+        runner, self._http_runner = self._http_runner, None
+        if runner is None:
+            return
+        await runner.cleanup()
+        self.port = None
+        self.log.info("gateway_closed", served=sum(self.http.statuses.values()))
+
+    # ------------------------------------------------------------------ policy, sessions
+
+    async def _catch_up_policy(self) -> None:
+        update = await last_policy_update(self.bus.js, self.log)
+        if update is not None:
+            self._heard(update)
+
+    async def _on_policy(self, update: PolicyUpdate, _: Request) -> None:
+        self._heard(update)
+
+    def _heard(self, update: PolicyUpdate) -> None:
+        if self.policy.announced(update):
+            self.log.info("policy_version", version=update.version)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_s)
+            dropped = self.sessions.expire(self._clock())
+            if dropped:
+                self.log.info("sessions_expired", sessions=dropped)
+
+    # ------------------------------------------------------------------ reporting
+
+    @property
+    def in_flight(self) -> int:
+        return super().in_flight + self.http.in_flight
+
+    def health(self) -> tuple[bool, str]:
+        ok, detail = super().health()
+        if ok and self._http_runner is None:
+            return False, "not listening"
+        return (
+            ok,
+            detail or f"{self.url} model={self.settings.model_id} version={self.policy.version}",
+        )
+
+    def statistics(self) -> dict[str, float]:
+        values = super().statistics()
+        values["policy_version"] = float(self.policy.version)
+        values["keys"] = float(len(self.keys))
+        for status, count in self.http.statuses.items():
+            values[f"http_{status}"] = float(count)
+        values.update(self.sessions.statistics())
+        return values
