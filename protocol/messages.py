@@ -371,6 +371,9 @@ class SandboxOpen(Message, tag="sandbox_open"):
     #: A checker's session: a fresh sandbox of the service's checker user, a uid no
     #: candidate's code runs as, in which no candidate's code ran before; never reused.
     checker: bool = False
+    #: Run the session in this image instead of the service's own: a Harbor task's
+    #: image (one carrying the Temper Harbor label); ``None``: the configured image.
+    image: str | None = None
 
 
 class SandboxSession(Message, tag="sandbox_session"):

@@ -10,6 +10,7 @@ from services.domains import (
     cad,
     compiled_functions,
     doc_qa,
+    harbor_domain,
     jsonl,
     python_functions,
     reasoning_gym,
@@ -33,6 +34,7 @@ KINDS: Final[Mapping[str, Kind]] = {
     "documents": documents_family.domain,
     "tool_use": tool_use.domain,
     "terminal": terminal_family.domain,
+    "harbor": harbor_domain.domain,
     "jsonl": jsonl.domain,
     "reasoning_gym": reasoning_gym.domain,
 }

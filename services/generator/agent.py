@@ -28,6 +28,7 @@ from protocol.messages import (
 )
 from protocol.packed import i32_list, pack_f32, pack_i32, pack_u8
 from services.domains.api import SANDBOX_FILES
+from services.domains.sandbox_place import SandboxPlace, place_of
 from services.engines.engine import (
     Engine,
     EngineError,
@@ -131,6 +132,19 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ turns
 
+    async def _open_tools(self, task: Task, trajectory: Trajectory) -> ToolSession:
+        place = _place(task)
+        # Passed only when the task names a sandbox of its own (a Harbor task's image and
+        # limits): a tool box that runs no sandbox never needs to know of one.
+        own = {"place": place} if place is not None else {}
+        return await self.tools.open(
+            rollout_id(task.id, trajectory.index, task.attempt),
+            _tools(task),
+            _files(task),
+            snapshot=trajectory.snapshot,
+            **own,
+        )
+
     async def _continue(
         self, task: Task, trajectory: Trajectory, budget: int, boundary: _Boundary
     ) -> None:
@@ -148,12 +162,7 @@ class AgentLoop:
                     return
                 if boundary.checkpoints:
                     trajectory.checkpoint = trajectory.saved(await _snapshot(trajectory, session))
-                session = session or await self.tools.open(
-                    rollout_id(task.id, trajectory.index, task.attempt),
-                    _tools(task),
-                    _files(task),
-                    snapshot=trajectory.snapshot,
-                )
+                session = session or await self._open_tools(task, trajectory)
                 turn_started = time.monotonic()
                 await self._tool_turn(session, trajectory)
                 if resumed:
@@ -384,6 +393,14 @@ def _kind(error: EngineError) -> FailureKind:
 
 def _tools(task: Task) -> tuple[str, ...]:
     return tuple(task.tools)
+
+
+def _place(task: Task) -> SandboxPlace | None:
+    """The image and limits the task's tool session opens with, if it names them."""
+    try:
+        return place_of(task.metadata)
+    except ValueError as error:
+        raise InvalidRequestError(str(error)) from None
 
 
 def _files(task: Task) -> dict[str, bytes]:

@@ -19,7 +19,14 @@ from typing import Any, Protocol
 
 from nats.aio.client import Client as NATS
 
-from protocol.messages import SandboxExec, SandboxOpen, SandboxSession, SandboxStatus
+from protocol.messages import (
+    SandboxExec,
+    SandboxLimits,
+    SandboxOpen,
+    SandboxSession,
+    SandboxStatus,
+)
+from services.domains.sandbox_place import SandboxPlace
 from services.runtime.ask import AskError, BadReply, Refused, current_trace_id
 from services.sandbox.client import SandboxClient, WorkspaceRefused
 
@@ -89,9 +96,12 @@ class ToolBox(Protocol):
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
         snapshot: str | None = None,
+        *,
+        place: SandboxPlace | None = None,
     ) -> ToolSession:
         """A session for one trajectory; ``files`` are in its working directory from the
-        start, or, for a resumed trajectory, whatever ``snapshot`` saved."""
+        start, or, for a resumed trajectory, whatever ``snapshot`` saved; ``place``: the
+        image and limits the task's sandbox needs (None: the service's defaults)."""
         ...
 
 
@@ -107,6 +117,8 @@ class LocalTools:
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
         snapshot: str | None = None,
+        *,
+        place: SandboxPlace | None = None,
     ) -> ToolSession:
         return _LocalSession(allowed)
 
@@ -154,8 +166,15 @@ class SandboxTools:
         allowed: tuple[str, ...],
         files: Mapping[str, bytes] | None = None,
         snapshot: str | None = None,
+        *,
+        place: SandboxPlace | None = None,
     ) -> ToolSession:
-        start = _Start(files=dict(files or {}), snapshot=snapshot, on_open=self._on_open)
+        start = _Start(
+            files=dict(files or {}),
+            snapshot=snapshot,
+            place=place or SandboxPlace(),
+            on_open=self._on_open,
+        )
         # The runtime binds the task's trace id while its handler runs, and the session is
         # opened there: read it once, so calls made from any task of the loop carry it.
         client = SandboxClient(self._nc, self._timeout_s, trace_id=current_trace_id())
@@ -168,6 +187,8 @@ class _Start:
 
     files: dict[str, bytes]
     snapshot: str | None
+    #: The task's own image and limits, if it has them.
+    place: SandboxPlace
     #: Told the trajectory id once its session is open (sandbox-aware admission).
     on_open: Callable[[str], None] | None
 
@@ -198,6 +219,8 @@ class _SandboxSession:
                 # A snapshot holds the files as the trajectory left them.
                 files={} if start.snapshot else start.files,
                 snapshot=start.snapshot,
+                limits=start.place.limits or SandboxLimits(),
+                image=start.place.image,
             )
             try:
                 self._session = await self._client.open(request)

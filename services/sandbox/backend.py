@@ -7,6 +7,7 @@ from typing import Protocol
 
 from protocol.messages import SandboxStatus
 from services.sandbox.agent_client import AgentClient, ExecReply, ExecRequest
+from services.sandbox.images import TaskImage
 from services.sandbox.limits import Shape
 from services.sandbox.settings import Limits
 
@@ -44,9 +45,16 @@ class Backend(Protocol):
     async def maintain(self) -> None:
         """Background work (keep the warm pool full); runs until cancelled."""
 
-    async def acquire(self, limits: Limits, *, checker: bool = False) -> Box:
+    async def task_image(self, name: str) -> TaskImage:
+        """Image ``name`` checked as a task image a session may run (a Harbor label, a work
+        directory that can be mounted), or :class:`ImageRefused` saying why not."""
+
+    async def acquire(
+        self, limits: Limits, *, checker: bool = False, image: TaskImage | None = None
+    ) -> Box:
         """A sandbox for ``limits``; ``checker``: a fresh one of the checker user, in which
-        no candidate's code has ever run, used once and never reused."""
+        no candidate's code has ever run, used once and never reused; ``image``: a fresh
+        one of that task image (cold, used once), its work directory still empty."""
 
     async def execute(
         self, box: Box, request: ExecRequest, limits: Limits, *, last: bool = False

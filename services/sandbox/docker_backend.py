@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import socket
-import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,8 +25,19 @@ from aiodocker.containers import DockerContainer
 from protocol.messages import SandboxStatus
 from services.runtime.tasks import run_to_end
 from services.sandbox import cgroups
-from services.sandbox.agent_client import AgentClient, AgentError, ExecRequest
+from services.sandbox.agent_client import AgentError, ExecRequest
+from services.sandbox.agent_socket import check_socket_path, give_to_user, take_back, wait_for_agent
 from services.sandbox.backend import Box, Outcome, SandboxUnavailable, agent_status
+from services.sandbox.docker_engine import ImageMissing, owner, pid_alive
+from services.sandbox.docker_engine import docker_problem as docker_problem
+from services.sandbox.docker_engine import docker_ready as docker_ready
+from services.sandbox.images import (
+    ImageRefused,
+    TaskImage,
+    image_refusal,
+    seed_archive,
+    task_image_config,
+)
 from services.sandbox.limits import container_shape
 from services.sandbox.pool import WarmPool, failed
 from services.sandbox.settings import Limits, SandboxSettings
@@ -38,56 +46,8 @@ LABEL = "temper.sandbox"
 OWNER_LABEL = "temper.sandbox.owner"
 SOCKET_DIR_IN_CONTAINER = "/run/temper"
 SOCKET_NAME = "agent.sock"
-READY_TIMEOUT_S = 20.0
-
-
-def docker_problem() -> str | None:
-    """Why no Docker engine can be used from here (CLI missing, engine silent), or None."""
-    if shutil.which("docker") is None:
-        return "the docker CLI is not installed"
-    try:
-        info = subprocess.run(
-            ["docker", "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except subprocess.TimeoutExpired:
-        return "the Docker engine does not answer (docker info timed out)"
-    if info.returncode != 0:
-        return f"the Docker engine does not answer: {info.stderr.strip()[-300:]}"
-    return None
-
-
-class ImageMissing(RuntimeError):
-    def __init__(self, image: str) -> None:
-        super().__init__(
-            f"sandbox image {image!r} not found; build it with deploy/sandbox/build-offline.sh"
-        )
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-async def docker_ready(settings: SandboxSettings) -> bool:
-    """The engine answers and holds the sandbox image."""
-    try:
-        async with aiodocker.Docker(url=settings.docker_url or None) as docker:
-            await docker.images.inspect(settings.image)
-    except (aiodocker.exceptions.DockerError, OSError, ValueError):
-        return False
-    return True
+#: Task images whose work-directory archive is kept (each at most 40 MiB, most tiny).
+SEEDS_KEPT = 32
 
 
 class DockerBackend(WarmPool):
@@ -99,6 +59,8 @@ class DockerBackend(WarmPool):
         #: Each container's cgroup counters when last read, and where they are read.
         self._counters: dict[str, cgroups.Counters] = {}
         self._sources: dict[str, cgroups.Sources] = {}
+        #: Each task image's work-directory archive, by image id.
+        self._seeds: dict[str, bytes] = {}
 
     @property
     def docker(self) -> aiodocker.Docker:
@@ -126,7 +88,7 @@ class DockerBackend(WarmPool):
         for container in await self.docker.containers.list(all=True, filters={"label": [LABEL]}):
             owner = container._container.get("Labels", {}).get(OWNER_LABEL, "")
             owner_host, _, pid = owner.rpartition(":")
-            if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            if owner_host == host and pid.isdigit() and not pid_alive(int(pid)):
                 name = container._container.get("Names", [""])[0].lstrip("/")
                 await self._remove(container.id, name)
                 reaped += 1
@@ -196,23 +158,64 @@ class DockerBackend(WarmPool):
             return failed(request, SandboxStatus.KILLED, f"the sandbox agent died: {error}", 0.0)
         return failed(request, SandboxStatus.KILLED, "the sandbox agent (PID 1) exited", 0.0)
 
-    async def _spawn(self, limits: Limits, user: str) -> Box:
+    async def _spawn(self, limits: Limits, user: str, image: TaskImage | None = None) -> Box:
         name = f"temper-sbx-{uuid.uuid4().hex[:12]}"
         socket_dir = self.settings.state_dir / name
         check_socket_path(socket_dir / SOCKET_NAME)
         socket_dir.mkdir(parents=True)
-        _give_to_user(socket_dir, user)
+        give_to_user(socket_dir, user)
         config = self._config(limits, socket_dir, user)
+        if image is not None:
+            checker = user == self.settings.checker_user
+            task_image_config(config, image, checker=checker, disk_mb=limits.disk_mb)
         container = await self._create_container(config, name)
         try:
             await container.start()
             agent = await wait_for_agent(socket_dir / SOCKET_NAME)
-            _take_back(socket_dir, user)
+            take_back(socket_dir, user)
         except BaseException:
             await self._remove(container.id, name)
             raise
-        shape = container_shape(limits, user)
+        shape = container_shape(limits, user, image.id if image is not None else "")
         return Box(id=container.id, agent=agent, shape=shape, extra={"name": name})
+
+    async def task_image(self, name: str) -> TaskImage:
+        try:
+            info = await self.docker.images.inspect(name)
+        except aiodocker.exceptions.DockerError as error:
+            if error.status == 404:
+                raise ImageRefused(f"image {name!r} is not in the sandbox's engine") from None
+            raise SandboxUnavailable(f"cannot inspect image {name!r}: {error}") from None
+        config = info.get("Config") or {}
+        workdir = str(config.get("WorkingDir") or "").rstrip("/") or "/"
+        refusal = image_refusal(name, config.get("Labels"), workdir)
+        if refusal is not None:
+            raise ImageRefused(refusal)
+        image_id = str(info["Id"])
+        seed = self._seeds.get(image_id)
+        if seed is None:
+            seed = await self._seed(image_id, workdir)
+            if len(self._seeds) >= SEEDS_KEPT:
+                self._seeds.pop(next(iter(self._seeds)))
+            self._seeds[image_id] = seed
+        return TaskImage(name=name, id=image_id, workdir=workdir, seed=seed)
+
+    async def _seed(self, image_id: str, workdir: str) -> bytes:
+        """The image's work-directory files, read from a container created (never
+        started) from it: the tmpfs a session mounts there hides them."""
+        name = f"temper-seed-{uuid.uuid4().hex[:12]}"
+        labels = {LABEL: "1", OWNER_LABEL: owner()}
+        config = {"Image": image_id, "Labels": labels, "NetworkDisabled": True}
+        container = await self._create_container(config, name)
+        try:
+            raw = await container.get_archive(workdir)
+        except aiodocker.exceptions.DockerError as error:
+            if error.status == 404:
+                return b""  # no such folder in the image: the work directory starts empty
+            raise SandboxUnavailable(f"cannot read the image's {workdir}: {error}") from None
+        finally:
+            await self._remove(container.id, "")
+        return seed_archive(raw, workdir)
 
     async def _create_container(self, config: dict[str, Any], name: str) -> DockerContainer:
         """Create a container; cancelled meanwhile (the service stopping), still remove it.
@@ -242,7 +245,7 @@ class DockerBackend(WarmPool):
         return {
             "Image": self.settings.image,
             "User": user,
-            "Labels": {LABEL: "1", OWNER_LABEL: _owner()},
+            "Labels": {LABEL: "1", OWNER_LABEL: owner()},
             "NetworkDisabled": True,
             "HostConfig": {
                 "NetworkMode": "none",
@@ -295,58 +298,3 @@ class DockerBackend(WarmPool):
 
 _MAYBE_OOM = (SandboxStatus.KILLED, SandboxStatus.NONZERO_EXIT)
 _SPOILING = (SandboxStatus.TIMEOUT, SandboxStatus.OOM)
-
-
-def _give_to_user(path: Path, user: str) -> None:
-    """The agent (a non-root user in the container) creates its socket here."""
-    if user.isdigit() and os.geteuid() == 0:
-        os.chown(path, int(user), int(user))
-    path.chmod(0o700)
-
-
-def _take_back(path: Path, user: str) -> None:
-    """Once the agent listens, the sandbox user loses the directory (mode 0700).
-
-    It is a host directory: left writable, code could fill the host's disk through it
-    (past the tmpfs cap) or plant files there.  The agent keeps its listening socket.
-    """
-    if user.isdigit() and os.geteuid() == 0:
-        os.chown(path, os.geteuid(), os.getegid())
-
-
-def _tail(log: Path) -> str:
-    try:
-        return log.read_text(errors="replace")[-500:]
-    except OSError:
-        return ""
-
-
-#: AF_UNIX socket paths are limited to 107 bytes on Linux.
-MAX_SOCKET_PATH = 107
-
-
-def check_socket_path(path: Path) -> Path:
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise SandboxUnavailable(
-            f"agent socket path {str(path)!r} is over {MAX_SOCKET_PATH} bytes: "
-            "use a shorter state_dir"
-        )
-    return path
-
-
-async def wait_for_agent(
-    path: Path, timeout_s: float = READY_TIMEOUT_S, log: Path | None = None
-) -> AgentClient:
-    """Connect once the sandbox's agent has created its socket and answers a ping."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if path.exists():  # noqa: ASYNC240 (one stat of a local socket path)
-            with contextlib.suppress(AgentError, OSError):
-                agent = await AgentClient.connect(path, timeout_s=2.0)
-                await agent.ping()
-                return agent
-        if time.monotonic() > deadline:
-            said = _tail(log) if log else ""
-            detail = f"; it said: {said}" if said else ""
-            raise SandboxUnavailable(f"sandbox agent did not come up within {timeout_s}s{detail}")
-        await asyncio.sleep(0.01)

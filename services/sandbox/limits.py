@@ -31,11 +31,12 @@ def resolve(
     return replace(defaults, **chosen)
 
 
-#: What is fixed when a sandbox is created: memory, pids, cpus, disk and the user code runs as.
-Shape = tuple[int, int, float, int, str]
+#: What is fixed when a sandbox is created: memory, pids, cpus, disk, the user code runs
+#: as, and the image when it is not the configured one ("" when it is).
+Shape = tuple[int, int, float, int, str, str]
 
 
-def container_shape(limits: Limits, user: str) -> Shape:
-    """The limits fixed when a container is created, and its user; execs that share
-    them may share containers."""
-    return (limits.memory_mb, limits.pids, limits.cpus, limits.disk_mb, user)
+def container_shape(limits: Limits, user: str, image: str = "") -> Shape:
+    """The limits fixed when a container is created, its user and a task image's id;
+    execs that share them may share containers."""
+    return (limits.memory_mb, limits.pids, limits.cpus, limits.disk_mb, user, image)

@@ -21,8 +21,9 @@ from protocol.messages import SandboxStatus
 from services.runtime.procs import child_preexec
 from services.sandbox import agent as agent_module
 from services.sandbox.agent_client import AgentError, ExecRequest
+from services.sandbox.agent_socket import check_socket_path, wait_for_agent
 from services.sandbox.backend import Box, Outcome, SandboxUnavailable, agent_status
-from services.sandbox.docker_backend import check_socket_path, wait_for_agent
+from services.sandbox.images import ImageRefused, TaskImage
 from services.sandbox.limits import container_shape
 from services.sandbox.pool import WarmPool, failed
 from services.sandbox.settings import Limits, SandboxSettings
@@ -69,9 +70,16 @@ class LocalBackend(WarmPool):
             box.spoiled = status.value
         return Outcome(reply=reply, status=status, error=reply.error)
 
-    async def _spawn(self, limits: Limits, user: str) -> Box:
+    async def task_image(self, name: str) -> TaskImage:
+        raise ImageRefused(
+            f"image {name!r}: the {self.name} backend runs no image, only the host's "
+            "agent (a task image needs the docker backend)"
+        )
+
+    async def _spawn(self, limits: Limits, user: str, image: TaskImage | None = None) -> Box:
         """``user`` names the tier only: code runs as this process's uid (a checker's
-        sandbox is still fresh, never one a candidate used)."""
+        sandbox is still fresh, never one a candidate used).  No ``image``: task_image
+        refuses every one."""
         name = uuid.uuid4().hex[:12]
         root = self.settings.state_dir / name
         (root / "work").mkdir(parents=True)

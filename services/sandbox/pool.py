@@ -20,6 +20,7 @@ from services.sandbox.agent_client import (
     ExecRequest,
 )
 from services.sandbox.backend import Box, Outcome, SandboxUnavailable
+from services.sandbox.images import TaskImage
 from services.sandbox.limits import Shape, container_shape
 from services.sandbox.settings import Limits, SandboxSettings
 
@@ -69,8 +70,9 @@ class WarmPool(abc.ABC):
     # ---------------------------------------------------------------- subclass hooks
 
     @abc.abstractmethod
-    async def _spawn(self, limits: Limits, user: str) -> Box:
-        """Create and start one sandbox whose agent answers, its code running as ``user``."""
+    async def _spawn(self, limits: Limits, user: str, image: TaskImage | None = None) -> Box:
+        """Create and start one sandbox whose agent answers, its code running as ``user``,
+        of ``image`` when it is not the configured one."""
 
     @abc.abstractmethod
     async def _destroy(self, box: Box) -> None:
@@ -121,17 +123,23 @@ class WarmPool(abc.ABC):
             tier.creating -= 1
         tier.idle.put_nowait(box)
 
-    async def _create(self, limits: Limits, user: str) -> Box:
+    async def _create(self, limits: Limits, user: str, image: TaskImage | None = None) -> Box:
         async with self._creates:
             started = time.perf_counter()
-            box = await self._spawn(limits, user)
+            box = await self._spawn(limits, user, image)
         self._boxes[box.id] = box
         self.created += 1
         self.cold_start_s = [*self.cold_start_s[-99:], time.perf_counter() - started]
         return box
 
-    async def acquire(self, limits: Limits, *, checker: bool = False) -> Box:
+    async def acquire(
+        self, limits: Limits, *, checker: bool = False, image: TaskImage | None = None
+    ) -> Box:
         tier = self._checker if checker else self._code
+        if image is not None:
+            # A task image's sandbox is its own: its shape names the image, so it is never
+            # counted in a tier, nor reset for reuse.
+            return await self._create(limits, tier.user, image)
         if checker and tier.size == 0:
             tier.size = self.settings.checker_pool_size
             self._wanted.set()

@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
-from pathlib import PurePosixPath
 from typing import Any
 
 from protocol import subjects
@@ -37,12 +36,11 @@ from services.runtime.responder import Request
 from services.runtime.service import Service
 from services.sandbox.agent_client import AgentError, AgentRejected, ExecRequest
 from services.sandbox.backend import Backend, Box, Outcome, SandboxUnavailable
+from services.sandbox.images import ImageRefused, TaskImage
 from services.sandbox.limits import resolve
+from services.sandbox.requests import check_exec, check_path
 from services.sandbox.settings import BackendName, Limits, SandboxSettings
 from services.sandbox.snapshots import SnapshotStore
-
-#: Outputs one exec may ask for (the agent's own cap).
-MAX_OUTPUTS = 64
 
 
 @dataclass(eq=False)
@@ -160,7 +158,7 @@ class SandboxService(Service):
         return self._result(request, outcome)
 
     def _exec_request(self, request: SandboxExec, limits: Limits, language: str) -> ExecRequest:
-        self._check_request(request, language)
+        check_exec(request, language, self.settings)
         return ExecRequest(
             id=request.id,
             language=language if request.code is not None else None,
@@ -173,34 +171,6 @@ class SandboxService(Service):
             env={},
             outputs=tuple(request.outputs),
         )
-
-    def _check_request(self, request: SandboxExec, language: str) -> None:
-        if request.code is not None and language not in self.settings.languages:
-            known = ", ".join(self.settings.languages)
-            raise RequestRejected(
-                ErrorCode.BAD_REQUEST,
-                f"unknown language {language!r} (known: {known})",
-                field="$.language",
-            )
-        size = len((request.code or "").encode()) + sum(len(a) for a in request.command or [])
-        size += sum(len(content) for content in request.files.values()) + len(request.stdin)
-        if size > self.settings.max_code_bytes:
-            raise RequestRejected(
-                ErrorCode.TOO_LARGE,
-                f"code, files and stdin total {size} bytes, "
-                f"over the limit of {self.settings.max_code_bytes}",
-                field="$.code",
-            )
-        for path in request.files:
-            _check_path(path)
-        if len(request.outputs) > MAX_OUTPUTS:
-            raise RequestRejected(
-                ErrorCode.BAD_REQUEST,
-                f"{len(request.outputs)} outputs asked for, over the limit of {MAX_OUTPUTS}",
-                field="$.outputs",
-            )
-        for path in request.outputs:
-            _check_path(path, "$.outputs")
 
     def _result(self, request: SandboxExec, outcome: Outcome) -> SandboxResult:
         self.executed += 1
@@ -246,11 +216,14 @@ class SandboxService(Service):
         defaults = self.settings.defaults_for(request.language)
         limits = resolve(request.limits, defaults, self.settings.maxima)
         for path in request.files:
-            _check_path(path)
+            check_path(path)
+        image = await self._task_image(request.image)
         try:
-            box = await self.backend.acquire(limits, checker=request.checker)
+            box = await self.backend.acquire(limits, checker=request.checker, image=image)
         except SandboxUnavailable as error:
             raise RequestRejected(ErrorCode.UNAVAILABLE, str(error)) from None
+        if archive is None and image is not None and image.seed:
+            archive = image.seed  # the image's own work-directory files, under the tmpfs
         ttl = request.ttl_s or self.settings.session_ttl_s
         session = Session(uuid.uuid4().hex, box, limits, request.language, ttl, time.time() + ttl)
         self._sessions[session.id] = session
@@ -265,6 +238,18 @@ class SandboxService(Service):
                 ErrorCode.UNAVAILABLE, f"cannot prepare the session: {error}"
             ) from None
         return self._describe(session, "open", request.snapshot)
+
+    async def _task_image(self, name: str | None) -> TaskImage | None:
+        """None for the configured image; else the task image checked, or the request
+        refused naming it."""
+        if name is None or name == self.settings.image:
+            return None
+        try:
+            return await self.backend.task_image(name)
+        except ImageRefused as error:
+            raise RequestRejected(ErrorCode.BAD_REQUEST, str(error), field="$.image") from None
+        except SandboxUnavailable as error:
+            raise RequestRejected(ErrorCode.UNAVAILABLE, str(error)) from None
 
     async def _write_files(self, session: Session, files: dict[str, bytes]) -> None:
         setup = ExecRequest(
@@ -349,16 +334,6 @@ class SandboxService(Service):
             ]:
                 self.log.info("session_expired", session=session.id)
                 self._end(session)
-
-
-def _check_path(path: str, field: str = "$.files") -> None:
-    parts = PurePosixPath(path).parts
-    if not path or path.startswith("/") or ".." in parts or "\x00" in path:
-        raise RequestRejected(
-            ErrorCode.BAD_REQUEST,
-            f"file path {path!r} must be relative and stay in the work directory",
-            field=field,
-        )
 
 
 def _infra(request: SandboxExec, error: str) -> SandboxResult:

@@ -19,6 +19,7 @@ from protocol.errors import ErrorCode, PayloadTooLarge
 from protocol.messages import DomainInfo, DomainList, DomainsRequest, DomainValidator, Task
 from services.domains import Domain, DomainError, DomainRegistry
 from services.domains.reasoning_gym import METADATA as REASONING_GYM_ENTRY
+from services.domains.sandbox_place import SANDBOX_IMAGE, SANDBOX_LIMITS
 from services.evaluation.heldout import HeldoutSet
 from services.runtime.errors import RequestRejected
 
@@ -54,6 +55,11 @@ def _files_and_checks(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ("sandbox_files", "checks")
 
 
+def _harbor_task(params: Mapping[str, Any]) -> tuple[str, ...]:
+    # The key names the task of the validator's own folder; image and limits its session.
+    return ("key", SANDBOX_IMAGE, SANDBOX_LIMITS)
+
+
 def _reasoning_gym_entry(params: Mapping[str, Any]) -> tuple[str, ...]:
     return (REASONING_GYM_ENTRY,)
 
@@ -67,6 +73,7 @@ METADATA_KEYS: Final[Mapping[str, Keys]] = {
     "code": _tests,
     "cad": _part,
     "terminal": _files_and_checks,
+    "harbor": _harbor_task,
     "reasoning_gym": _reasoning_gym_entry,
 }
 

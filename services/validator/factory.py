@@ -18,6 +18,7 @@ from typing import Any, Final
 from protocol.messages import SandboxLimits
 from services.domains import reasoning_gym as rg
 from services.domains.api import Domain, DomainError, ValidatorSpec
+from services.domains.harbor_domain import HarborSource
 from services.domains.params import Params
 from services.domains.ranges import SCORE_RANGE
 from services.domains.registry import resolve
@@ -27,6 +28,7 @@ from services.validator.cad import CadPart
 from services.validator.code import UnitTests
 from services.validator.documents.judge import DocumentCache, DocumentFileQA
 from services.validator.extract import EXTRACT_MODES, Extract
+from services.validator.harbor import HarborVerifier
 from services.validator.reasoning_gym import ReasoningGymScore
 from services.validator.reward_model import RewardBatcher, RewardModel, RewardModelScore
 from services.validator.sandbox import Sandbox
@@ -172,6 +174,14 @@ def _terminal(params: Params, domain: Domain, resources: Resources) -> Validator
     return HiddenTest(sessions=resources.sessions, limits=domain.sandbox or SandboxLimits())
 
 
+def _harbor(params: Params, domain: Domain, resources: Resources) -> Validator:
+    if resources.sessions is None:
+        raise DomainError(domain.name, "the harbor validator needs sandbox sessions")
+    if not isinstance(domain.source, HarborSource):
+        raise DomainError(domain.name, "the harbor validator judges a harbor domain's tasks only")
+    return HarborVerifier(sessions=resources.sessions, problems=domain.source.by_key)
+
+
 def _reward_model(params: Params, domain: Domain, resources: Resources) -> Validator:
     path = params.text("path", "")
     if not path:
@@ -209,6 +219,7 @@ KINDS: Final[Mapping[str, Factory]] = {
     "code": _code,
     "cad": _cad,
     "terminal": _terminal,
+    "harbor": _harbor,
     "reward_model": _reward_model,
     "reasoning_gym": _reasoning_gym,
 }

@@ -55,8 +55,10 @@ class Sessions(Protocol):
         snapshot: str | None = None,
         *,
         checker: bool = False,
+        image: str | None = None,
     ) -> ShellSession:
-        """``checker``: a fresh sandbox of the checker user, where no candidate ran."""
+        """``checker``: a fresh sandbox of the checker user, where no candidate ran;
+        ``image``: a task image to run instead of the service's own."""
         ...
 
 
@@ -75,6 +77,7 @@ class NatsSessions:
         snapshot: str | None = None,
         *,
         checker: bool = False,
+        image: str | None = None,
     ) -> ShellSession:
         # A snapshot our store no longer has is refused: an InfraFailure like any refusal.
         request = SandboxOpen(
@@ -83,6 +86,7 @@ class NatsSessions:
             limits=limits,
             snapshot=snapshot,
             checker=checker,
+            image=image,
         )
         try:
             opened = await self._client.open(request)

@@ -149,7 +149,7 @@ class HiddenTest:
             result = await session.probe(command, outputs)
         finally:
             await session.close()
-        _raise_infra(result)
+        raise_infra(result)
         ended = result.status not in (SandboxStatus.OK, SandboxStatus.NONZERO_EXIT)
         note = f" [the probe ended {result.status}]" if ended else ""
         return holds(check.probe, observed(check.probe, result)), note
@@ -159,33 +159,40 @@ class HiddenTest:
         snapshot, or None and why the rollout scores 0."""
         session = await self.sessions.open(f"replay-{rollout.id}", files, self.limits)
         try:
-            problem = await self._run_all(session, replayed(list(rollout.tool_calls)))
-            if problem:
-                return None, problem
-            try:
-                return await session.snapshot(), ""
-            except WorkspaceLost as error:
-                return None, f"the work directory could not be saved: {error}"
+            return await replay_and_save(session, rollout)
         finally:
             await session.close()
 
-    async def _run_all(self, session: ShellSession, calls: list[tuple[ToolCall, str, str]]) -> str:
-        """Run the commands in order; why the replay cannot be judged, or ``""``."""
-        for index, (call, language, code) in enumerate(calls):
-            result = await session.run(language, code)
-            _raise_infra(result)
-            if unfaithful(call, result):
-                return (
-                    f"the replay of command {index + 1} differs from what the model saw "
-                    f"(it printed {_clip(as_seen(result))!r} and ended {result.status}): "
-                    "not judged on a replay"
-                )
-            if result.status in LOST:
-                return f"command {index + 1} ended {result.status}: no sandbox left to test"
-        return ""
+
+async def replay_and_save(session: ShellSession, rollout: Rollout) -> tuple[str | None, str]:
+    """Replay the rollout's commands in ``session`` and snapshot it: the snapshot, or None
+    and why the rollout scores 0."""
+    problem = await replay(session, replayed(list(rollout.tool_calls)))
+    if problem:
+        return None, problem
+    try:
+        return await session.snapshot(), ""
+    except WorkspaceLost as error:
+        return None, f"the work directory could not be saved: {error}"
 
 
-def _raise_infra(result: SandboxResult) -> None:
+async def replay(session: ShellSession, calls: list[tuple[ToolCall, str, str]]) -> str:
+    """Run the commands in order; why the replay cannot be judged, or ``""``."""
+    for index, (call, language, code) in enumerate(calls):
+        result = await session.run(language, code)
+        raise_infra(result)
+        if unfaithful(call, result):
+            return (
+                f"the replay of command {index + 1} differs from what the model saw "
+                f"(it printed {_clip(as_seen(result))!r} and ended {result.status}): "
+                "not judged on a replay"
+            )
+        if result.status in LOST:
+            return f"command {index + 1} ended {result.status}: no sandbox left to test"
+    return ""
+
+
+def raise_infra(result: SandboxResult) -> None:
     if result.status is SandboxStatus.INFRA_ERROR:
         raise InfraFailure(f"sandbox infrastructure error: {result.error or 'no detail'}")
 
