@@ -104,6 +104,10 @@ class Problem:
     reference: str = ""
     #: A dataset may fix the split itself; otherwise it follows from the key.
     split: Split | None = None
+    #: What each tool call of ``reference`` prints, in order.  A warm-up on the reference
+    #: then shows the policy each output where the agent loop puts it, and the answer after
+    #: it: without them it would learn to answer before the tool has said anything.
+    tool_outputs: tuple[str, ...] = ()
 
 
 class TaskSource(Protocol):
@@ -118,6 +122,8 @@ class Example:
 
     task: Task
     reference: str
+    #: ``Problem.tool_outputs`` of the reference's tool calls.
+    tool_outputs: tuple[str, ...] = ()
 
 
 def is_heldout(task: Task) -> bool:
@@ -216,7 +222,11 @@ class Domain:
     def examples(self, n: int, split: Split = "train", seed: int = 0) -> list[Example]:
         problems = self.problems(n, split, seed)
         return [
-            Example(task=self.task(p, split, seed, i), reference=p.reference)
+            Example(
+                task=self.task(p, split, seed, i),
+                reference=p.reference,
+                tool_outputs=p.tool_outputs,
+            )
             for i, p in enumerate(problems)
         ]
 

@@ -101,6 +101,8 @@ class ToolSource:
             question=question,
             metadata={"answer": answer},
             reference=f"{call}\n{answer_text(answer, 'tag')}",
+            # The reference code prints the answer: what the sandbox's python returns.
+            tool_outputs=(f"{answer}\n",),
         )
 
 

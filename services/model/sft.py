@@ -25,7 +25,7 @@ import torch
 
 from services.domains import Domain, Example
 from services.model.load import load_causal_lm
-from services.model.tokens import ChatTokenizer
+from services.model.tokens import TOOL_CALL_END, ChatTokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +64,7 @@ def supervised_warmup(model_dir: Path, domains: Domain | Mix, config: WarmupConf
     mix = [(domains, 1.0)] if isinstance(domains, Domain) else list(domains)
     tokenizer = ChatTokenizer.load(model_dir)
     pairs = [
-        (tokenizer.render(e.task.prompt), tokenizer.encode(e.reference) + list(tokenizer.eos_ids))
+        (tokenizer.render(e.task.prompt), *reference_ids(tokenizer, e))
         for e in mixed_examples(mix, config.examples, config.seed)
     ]
     probe = _Probe.of(mix, tokenizer, config) if config.target_accuracy else None
@@ -134,10 +134,12 @@ class _Probe:
 
     @classmethod
     def of(cls, mix: Mix, tokenizer: ChatTokenizer, config: WarmupConfig) -> _Probe | None:
+        # A tool task's answer comes after the tool's output, which one greedy turn never
+        # sees: probing it would spend minutes of generation to measure nothing.
         examples = [
             e
             for e in mixed_examples(mix, config.probe, config.seed + 1)
-            if "answer" in e.task.metadata
+            if "answer" in e.task.metadata and not e.tool_outputs
         ]
         if not examples:
             return None
@@ -155,13 +157,53 @@ class _Probe:
         return sum(map(answer_is, texts, self.answers)) / len(texts)
 
 
-def _batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids; labels only on the completion (-100 elsewhere, as HF expects)."""
-    length = max(len(p) + len(c) for p, c in pairs)
+#: (prompt ids, completion ids, completion loss mask): one warm-up example.
+Pair = tuple[list[int], list[int], list[bool]]
+
+
+def reference_ids(tokenizer: ChatTokenizer, example: Example) -> tuple[list[int], list[bool]]:
+    """The reference as the agent loop would hold it, and which of its tokens are trained.
+
+    A reference with tool calls is cut after each ``</tool_call>``; the call's output goes
+    in between as the loop appends it (``ChatTokenizer.observation``, encoded on its own),
+    out of the loss, and the next piece starts the next assistant turn.  A reference without
+    them is one turn."""
+    outputs = example.tool_outputs
+    pieces = _after_calls(example.reference) if outputs else [example.reference]
+    if len(pieces) != len(outputs) + 1:
+        raise ValueError(
+            f"task {example.task.id}: {len(outputs)} tool outputs for {len(pieces) - 1} calls"
+        )
+    ids: list[int] = []
+    mask: list[bool] = []
+    for index, piece in enumerate(pieces):
+        turn = tokenizer.encode(piece.lstrip("\n") if index else piece)
+        if index == len(outputs):
+            turn += list(tokenizer.eos_ids)
+        ids += turn
+        mask += [True] * len(turn)
+        if index < len(outputs):
+            seen = tokenizer.encode(tokenizer.observation(outputs[index]))
+            ids += seen
+            mask += [False] * len(seen)
+    return ids, mask
+
+
+def _after_calls(text: str) -> list[str]:
+    """``text`` cut after each ``</tool_call>`` (the end stays with its call)."""
+    pieces = text.split(TOOL_CALL_END)
+    return [piece + TOOL_CALL_END for piece in pieces[:-1]] + [pieces[-1]]
+
+
+def _batch(pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids; labels only on the completion's trained tokens (-100 elsewhere,
+    as HF expects)."""
+    length = max(len(p) + len(c) for p, c, _ in pairs)
     ids = torch.zeros((len(pairs), length), dtype=torch.long)
     labels = torch.full((len(pairs), length), -100, dtype=torch.long)
-    for row, (prompt, completion) in enumerate(pairs):
+    for row, (prompt, completion, mask) in enumerate(pairs):
         end = len(prompt) + len(completion)
         ids[row, :end] = torch.tensor(prompt + completion)
-        labels[row, len(prompt) : end] = torch.tensor(completion)
+        trained = [token if keep else -100 for token, keep in zip(completion, mask, strict=True)]
+        labels[row, len(prompt) : end] = torch.tensor(trained)
     return ids, labels

@@ -1,0 +1,68 @@
+"""The warm-up trains on a tool reference as the agent loop holds it: the call, the tool's
+output where the loop appends it (out of the loss), then the answer in the next turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.domains import Example, load_registry
+from services.domains.formats import answer_text
+from services.model.sft import WarmupConfig, _batch, _Probe, reference_ids
+from services.model.tokens import ChatTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> ChatTokenizer:
+    return ChatTokenizer.load(tiny_model)
+
+
+def modpow_example() -> Example:
+    domain = load_registry(None).get("tool_use")
+    for example in domain.examples(200, seed=2):
+        if example.task.metadata["key"].startswith("tool:modpow:"):
+            return example
+    raise AssertionError("no modpow problem among 200 draws")
+
+
+def test_a_tool_reference_is_call_then_masked_output_then_answer(tokenizer: ChatTokenizer) -> None:
+    example = modpow_example()
+    answer = str(example.task.metadata["answer"])
+    assert example.tool_outputs == (answer + "\n",)
+    call_text = example.reference.split("\n")[0]
+    call = tokenizer.encode(call_text)
+    seen = tokenizer.encode(tokenizer.observation(answer + "\n"))
+    final = tokenizer.encode(answer_text(answer, "tag")) + list(tokenizer.eos_ids)
+    ids, mask = reference_ids(tokenizer, example)
+    # What AgentLoop appends (tests/unit/test_generator_agent.py): the call the model ends
+    # with </tool_call>, the observation encoded on its own, the next turn's answer.
+    assert ids == call + seen + final
+    assert mask == [True] * len(call) + [False] * len(seen) + [True] * len(final)
+    assert call[-1] == tokenizer.tool_call_end_id
+    # The batch trains the call and the answer, never the tool's output.
+    prompt = tokenizer.render(example.task.prompt)
+    _, labels = _batch([(prompt, ids, mask)])
+    trained = [int(t) for t in labels[0] if int(t) != -100]
+    assert trained == call + final
+
+
+def test_a_reference_without_tools_is_one_turn_and_a_miscount_is_an_error(
+    tokenizer: ChatTokenizer,
+) -> None:
+    plain = load_registry(None).get("arithmetic").examples(1)[0]
+    ids, mask = reference_ids(tokenizer, plain)
+    assert ids == tokenizer.encode(plain.reference) + list(tokenizer.eos_ids) and all(mask)
+    example = modpow_example()
+    two = Example(task=example.task, reference=example.reference, tool_outputs=("1\n", "2\n"))
+    with pytest.raises(ValueError, match="2 tool outputs for 1 calls"):
+        reference_ids(tokenizer, two)
+
+
+def test_tool_tasks_are_not_probed_with_one_greedy_turn(tokenizer: ChatTokenizer) -> None:
+    config = WarmupConfig(target_accuracy=0.5, probe=16)
+    tools = load_registry(None).get("tool_use")
+    assert _Probe.of([(tools, 1.0)], tokenizer, config) is None
+    arithmetic = load_registry(None).get("arithmetic")
+    probe = _Probe.of([(tools, 1.0), (arithmetic, 1.0)], tokenizer, config)
+    assert probe is not None and len(probe.prompts) == 8
