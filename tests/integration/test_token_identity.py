@@ -50,7 +50,8 @@ from tests.integration.support import client
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 #: Tasks and samples per task: a few groups of two, on two cores.
-TASKS = 3
+#: Six tasks of two samples: the warmed policy calls a tool in a few of them (two are needed).
+TASKS = 6
 SAMPLES = 2
 #: Room for the warmed policy's tool call to reach its closing tag (the turn's stop).
 MAX_TOKENS = 80
