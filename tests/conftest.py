@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -120,6 +122,7 @@ def _cached_policy(
     name: str,
     warmup: str = "",
     config: WarmupConfig | None = None,
+    outputs: bool = True,
 ) -> Path:
     """A copy of the policy ``temper model init`` builds, warmed up on the ``warmup`` domain
     with ``config`` if one is named; built once per recipe and kept in the model cache
@@ -138,9 +141,12 @@ def _cached_policy(
     def build(path: Path) -> None:
         init_model(path, force=True)
         if warmup:
-            supervised_warmup(path, load_registry(None).get(warmup), config or WarmupConfig())
+            domain = load_registry(None).get(warmup)
+            if not outputs:
+                domain = dataclasses.replace(domain, source=_WithoutOutputs(domain.source))
+            supervised_warmup(path, domain, config or WarmupConfig())
 
-    recipe = [warmup, repr(config)] if warmup else []
+    recipe = [warmup, repr(config), *([] if outputs else ["no tool outputs"])] if warmup else []
     cached = cached_model(name, recipe_key(recipe, sources), build)
     policy = tmp_path_factory.mktemp(name) / "policy"
     shutil.copytree(cached, policy)
@@ -151,6 +157,28 @@ def _cached_policy(
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2 policy of ``temper model init`` (HF format, float32)."""
     return _cached_policy(tmp_path_factory, "test-tiny-policy")
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithoutOutputs:
+    """A task source whose references show no tool output: a warm-up on them teaches the
+    call but never the answer after an output, so the policy goes on calling."""
+
+    source: Any
+
+    def draw(self, rng: random.Random) -> Any:
+        return dataclasses.replace(self.source.draw(rng), tool_outputs=())
+
+
+@pytest.fixture(scope="session")
+def calling_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny policy warmed up as ``tool_policy`` but on references without the tools'
+    outputs: it calls a tool again after each output (several turns of tool calls, which
+    preemption at a later turn boundary needs)."""
+    from services.model.sft import WarmupConfig
+
+    warmup = WarmupConfig(steps=80, lr=3e-3, examples=512)
+    return _cached_policy(tmp_path_factory, "test-calling-policy", "tool_use", warmup, False)
 
 
 @pytest.fixture(scope="session")

@@ -62,11 +62,11 @@ def _second_boundary() -> object:
 
 
 async def test_a_preempted_trajectory_resumes_to_the_tokens_of_an_uninterrupted_run(
-    nats_url: str, nc: NATS, tool_policy: Path, sandbox_image: str, tmp_path: Path
+    nats_url: str, nc: NATS, calling_policy: Path, sandbox_image: str, tmp_path: Path
 ) -> None:
-    engine = TorchEngine(tool_policy)
+    engine = TorchEngine(calling_policy)
     await engine.start()
-    tokenizer = ChatTokenizer.load(tool_policy)
+    tokenizer = ChatTokenizer.load(calling_policy)
     domain = load_registry(None).get("tool_use")
     tasks = [_greedy(t) for t in domain.make_tasks(8, "eval", 0)]
     try:
