@@ -159,6 +159,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _cached_policy(tmp_path_factory, "test-tiny-policy")
 
 
+@pytest.fixture
+def structlog_defaults() -> Iterator[None]:
+    """structlog as it is out of the box for one test (every event printed to stdout, no
+    level filter, no cached logger), the worker's configuration restored after: a test that
+    reads log lines must not depend on what another test of its worker configured."""
+    import structlog
+
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    structlog.configure(**saved)
+
+
 @dataclasses.dataclass(frozen=True)
 class _WithoutOutputs:
     """A task source whose references show no tool output: a warm-up on them teaches the

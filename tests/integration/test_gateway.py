@@ -22,6 +22,9 @@ from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from tests.integration.support import client, runtime
 
+#: Log lines are read here: structlog as out of the box, whatever the worker set up.
+pytestmark = pytest.mark.usefixtures("structlog_defaults")
+
 KEY = "sk-open-0123456789abcdef"
 #: Two requests at once, then one every 2.5 s.
 SLOW_KEY = "sk-slow-0123456789abcdef"

@@ -21,6 +21,9 @@ from services.gateway.keys import KeyRing
 from services.gateway.requests import parse_chat, parse_completion
 from services.gateway.settings import GatewaySettings
 
+#: Log lines are read here: structlog as out of the box, whatever the worker set up.
+pytestmark = pytest.mark.usefixtures("structlog_defaults")
+
 KEY = "sk-test-0123456789abcdef"
 CHAT: dict[str, Any] = {"model": "temper-policy", "messages": [{"role": "user", "content": "hi"}]}
 
