@@ -34,7 +34,7 @@ from services.domains.harbor import REWARD_JSON, REWARD_TXT, VERIFIER_DIR, Rewar
 from services.domains.harbor_domain import HarborProblem
 from services.validator.base import InvalidRollout, Verdict, reference
 from services.validator.sessions import Sessions
-from services.validator.terminal import chain, raise_infra, replay_and_save
+from services.validator.terminal import NotVerified, chain, raise_infra, saved_work
 
 #: ``tests/`` (a tar.gz on stdin) extracted where Harbor puts it.
 COPY_TESTS: Final = "exec tar -xzf - --no-same-owner -C /tests"
@@ -97,15 +97,15 @@ class HarborVerifier:
     async def score(self, rollout: Rollout) -> Verdict:
         problem = self._problem(rollout)
         where = f"task {problem.task.path}"
-        if rollout.snapshot_error:
-            said = f"the work directory could not be saved: {rollout.snapshot_error}"
-            return Verdict(0.0, f"{where}: not verified; {said}; {chain(rollout)}")
-        snapshot = rollout.snapshot
-        if snapshot is None:
-            snapshot, why = await self._replay(rollout, problem)
-            if snapshot is None:
-                return Verdict(0.0, f"{where}: not verified; {why}; {chain(rollout)}")
-        result = await self._verify(rollout, problem, snapshot)
+        saved = await saved_work(
+            rollout,
+            lambda: self.sessions.open(
+                f"replay-{rollout.id}", {}, problem.limits, image=problem.image.tag
+            ),
+        )
+        if isinstance(saved, NotVerified):
+            return Verdict(0.0, f"{where}: not verified; {saved.why}; {chain(rollout)}")
+        result = await self._verify(rollout, problem, saved)
         score, said = judged(problem, result)
         return Verdict(score, f"{said}; {chain(rollout)}")
 
@@ -118,15 +118,6 @@ class HarborVerifier:
                 "(was the folder changed since the task was made?)"
             )
         return problem
-
-    async def _replay(self, rollout: Rollout, problem: HarborProblem) -> tuple[str | None, str]:
-        session = await self.sessions.open(
-            f"replay-{rollout.id}", {}, problem.limits, image=problem.image.tag
-        )
-        try:
-            return await replay_and_save(session, rollout)
-        finally:
-            await session.close()
 
     async def _verify(
         self, rollout: Rollout, problem: HarborProblem, snapshot: str

@@ -25,6 +25,7 @@ store lost) is an InfraFailure; whatever the candidate did to its workspace scor
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -127,15 +128,12 @@ class HiddenTest:
     async def score(self, rollout: Rollout) -> Verdict:
         checks = checks_of(rollout)
         files = files_of(rollout)
-        if rollout.snapshot_error:
-            said = f"the work directory could not be saved: {rollout.snapshot_error}"
-            return Verdict(0.0, f"0/{len(checks)} checks run; {said}; {chain(rollout)}")
-        snapshot = rollout.snapshot
-        if snapshot is None:
-            snapshot, problem = await self._replay(rollout, files)
-            if snapshot is None:
-                return Verdict(0.0, f"0/{len(checks)} checks run; {problem}; {chain(rollout)}")
-        results = [await self._probe(rollout, snapshot, check) for check in checks]
+        saved = await saved_work(
+            rollout, lambda: self.sessions.open(f"replay-{rollout.id}", files, self.limits)
+        )
+        if isinstance(saved, NotVerified):
+            return Verdict(0.0, f"0/{len(checks)} checks run; {saved.why}; {chain(rollout)}")
+        results = [await self._probe(rollout, saved, check) for check in checks]
         score, summary = verdict(checks, results)
         return Verdict(score, f"{summary}; {chain(rollout)}")
 
@@ -154,26 +152,32 @@ class HiddenTest:
         note = f" [the probe ended {result.status}]" if ended else ""
         return holds(check.probe, observed(check.probe, result)), note
 
-    async def _replay(self, rollout: Rollout, files: dict[str, bytes]) -> tuple[str | None, str]:
-        """Replay the commands in a session with the task's files and snapshot it: the
-        snapshot, or None and why the rollout scores 0."""
-        session = await self.sessions.open(f"replay-{rollout.id}", files, self.limits)
-        try:
-            return await replay_and_save(session, rollout)
-        finally:
-            await session.close()
+
+@dataclass(frozen=True)
+class NotVerified:
+    """No work directory to verify: why the rollout scores 0."""
+
+    why: str
 
 
-async def replay_and_save(session: ShellSession, rollout: Rollout) -> tuple[str | None, str]:
-    """Replay the rollout's commands in ``session`` and snapshot it: the snapshot, or None
-    and why the rollout scores 0."""
-    problem = await replay(session, replayed(list(rollout.tool_calls)))
-    if problem:
-        return None, problem
+async def saved_work(
+    rollout: Rollout, open_replay: Callable[[], Awaitable[ShellSession]]
+) -> str | NotVerified:
+    """The snapshot of the work directory the model left: the generator's, or else one
+    taken after replaying the rollout's commands in a session ``open_replay`` opens at
+    the task's start."""
+    if rollout.snapshot_error:
+        return NotVerified(f"the work directory could not be saved: {rollout.snapshot_error}")
+    if rollout.snapshot is not None:
+        return rollout.snapshot
+    session = await open_replay()
     try:
-        return await session.snapshot(), ""
+        problem = await replay(session, replayed(list(rollout.tool_calls)))
+        return NotVerified(problem) if problem else await session.snapshot()
     except WorkspaceLost as error:
-        return None, f"the work directory could not be saved: {error}"
+        return NotVerified(f"the work directory could not be saved: {error}")
+    finally:
+        await session.close()
 
 
 async def replay(session: ShellSession, calls: list[tuple[ToolCall, str, str]]) -> str:
