@@ -70,7 +70,7 @@ from services.domains.api import Domain, Example, Split
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.generator.tools import parse_tool_call
-from services.model.cache import MODEL_ROOT, cached_model, recipe_key
+from services.model.cache import BUILDERS, cached_model, recipe_key
 from services.model.sft import WarmupConfig
 from services.model.tiny import TinyModelSpec
 from services.runtime import logs
@@ -145,7 +145,7 @@ def warmed_policy(depth: int = FIRST_DEPTH) -> Path:
     parts: list[object] = [RECIPE, repr(TinyModelSpec()), repr(WARMUP)]
     if depth != FIRST_DEPTH:
         parts.append(depth)
-    sources = list((MODEL_ROOT / "model").glob("*.py"))
+    sources = list(BUILDERS)
 
     def build(path: Path) -> None:
         from services.model.sft import supervised_warmup

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import random
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -122,7 +120,6 @@ def _cached_policy(
     name: str,
     warmup: str = "",
     config: WarmupConfig | None = None,
-    outputs: bool = True,
 ) -> Path:
     """A copy of the policy ``temper model init`` builds, warmed up on the ``warmup`` domain
     with ``config`` if one is named; built once per recipe and kept in the model cache
@@ -130,11 +127,11 @@ def _cached_policy(
     import shutil
 
     from services.domains import load_registry
-    from services.model.cache import MODEL_ROOT, cached_model, recipe_key
+    from services.model.cache import BUILDERS, MODEL_ROOT, cached_model, recipe_key
     from services.model.sft import WarmupConfig, supervised_warmup
     from services.model.tiny import init_model
 
-    sources = list((MODEL_ROOT / "model").glob("*.py"))
+    sources = list(BUILDERS)
     if warmup:
         sources.append(MODEL_ROOT / "domains" / f"{warmup}.py")
 
@@ -142,11 +139,9 @@ def _cached_policy(
         init_model(path, force=True)
         if warmup:
             domain = load_registry(None).get(warmup)
-            if not outputs:
-                domain = dataclasses.replace(domain, source=_WithoutOutputs(domain.source))
             supervised_warmup(path, domain, config or WarmupConfig())
 
-    recipe = [warmup, repr(config), *([] if outputs else ["no tool outputs"])] if warmup else []
+    recipe = [warmup, repr(config)] if warmup else []
     cached = cached_model(name, recipe_key(recipe, sources), build)
     policy = tmp_path_factory.mktemp(name) / "policy"
     shutil.copytree(cached, policy)
@@ -172,26 +167,19 @@ def structlog_defaults() -> Iterator[None]:
     structlog.configure(**saved)
 
 
-@dataclasses.dataclass(frozen=True)
-class _WithoutOutputs:
-    """A task source whose references show no tool output: a warm-up on them teaches the
-    call but never the answer after an output, so the policy goes on calling."""
-
-    source: Any
-
-    def draw(self, rng: random.Random) -> Any:
-        return dataclasses.replace(self.source.draw(rng), tool_outputs=())
-
-
 @pytest.fixture(scope="session")
 def calling_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny policy warmed up as ``tool_policy`` but on references without the tools'
-    outputs: it calls a tool again after each output (several turns of tool calls, which
+    """The scheduling benchmark's policy (bench/bench_scheduling.py, in the model cache):
+    warmed up on prompts holding earlier calls and their outputs with a call as the
+    reference, it calls a tool again after each output (several turns of tool calls, which
     preemption at a later turn boundary needs)."""
-    from services.model.sft import WarmupConfig
+    import shutil
 
-    warmup = WarmupConfig(steps=80, lr=3e-3, examples=512)
-    return _cached_policy(tmp_path_factory, "test-calling-policy", "tool_use", warmup, False)
+    from tests.benches import load_bench
+
+    policy = tmp_path_factory.mktemp("calling-policy") / "policy"
+    shutil.copytree(load_bench("bench_scheduling").warmed_policy(), policy)
+    return policy
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def prepare_policy(plan: TrainPlan, domains: RunDomains) -> Path:
     """The start policy; a later run continues from the learner's checkpoint."""
-    from services.model.cache import MODEL_ROOT, cached_model, recipe_key
+    from services.model.cache import BUILDERS, MODEL_ROOT, cached_model, recipe_key
     from services.model.sft import WarmupConfig
 
     if plan.model is not None:
@@ -38,7 +38,7 @@ def prepare_policy(plan: TrainPlan, domains: RunDomains) -> Path:
         check_every=10,
         progress=True,
     )
-    sources = [*(MODEL_ROOT / "model").glob("*.py"), *(MODEL_ROOT / "domains").rglob("*.py")]
+    sources = [*BUILDERS, *(MODEL_ROOT / "domains").rglob("*.py")]
     key = recipe_key([*mix_identity(plan, domains.train), repr(config)], sources)
     start = cached_model(
         "train-start-policy", key, lambda path: _warm_up(plan, domains, config, path)

@@ -8,6 +8,7 @@ and transformers versions.  A new machine builds it again; a second run reuses i
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -16,8 +17,16 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-#: Where the model code lives: its files are part of every recipe that names them.
+#: The services package: domain code under it is part of the recipes that warm up on it.
 MODEL_ROOT = Path(__file__).resolve().parents[1]
+#: The files that decide a built model's bytes (initialisation, tokenizer, loading, the
+#: warm-up and its greedy probe): part of every recipe.  Not the cache or the weight files,
+#: so a change there keeps every cached model.  A unit test checks that what these import
+#: from services.model is among them.
+BUILDERS: tuple[Path, ...] = tuple(
+    MODEL_ROOT / "model" / name
+    for name in ("tiny.py", "tokens.py", "load.py", "sft.py", "greedy.py")
+)
 
 
 def cache_root() -> Path:
@@ -41,21 +50,27 @@ def recipe_key(parts: Iterable[object], sources: Iterable[Path] = ()) -> str:
 def cached_model(name: str, key: str, build: Callable[[Path], None]) -> Path:
     """The directory ``<cache>/<name>-<key>``, built by ``build(path)`` if it is missing.
 
-    Built beside its final name and renamed into place: a run killed half-way leaves no
-    half-built model under that name, and two runs building at once both end with one.
+    One build per name at a time (a lock beside it): a second process that needs the same
+    model waits for the first one's instead of spending the same minutes again.  Built
+    beside its final name and renamed into place: a run killed half-way leaves no
+    half-built model under that name.
     """
     path = cache_root() / f"{name}-{key}"
     if (path / "config.json").exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / f".{path.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / "config.json").exists():
+            _build_into(path, build)
+    return path
+
+
+def _build_into(path: Path, build: Callable[[Path], None]) -> None:
     building = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
     try:
         build(building / "model")
-        try:
-            (building / "model").rename(path)
-        except OSError:  # another run got there first
-            if not (path / "config.json").exists():
-                raise
+        shutil.rmtree(path, ignore_errors=True)  # without config.json it is no model
+        (building / "model").rename(path)
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    return path

@@ -76,11 +76,11 @@ def supervised_warmup(model_dir: Path, domains: Domain | Mix, config: WarmupConf
     bar = _progress(config)
     while step < config.steps:
         ids, labels = _batch(rng.sample(pairs, min(config.batch, len(pairs))))
-        out = model(input_ids=ids, labels=labels)
+        batch_loss = completion_loss(model, ids, labels)
         optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        batch_loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
-        loss, step = float(out.loss.detach()), step + 1
+        loss, step = float(batch_loss.detach()), step + 1
         if probe is not None and step % config.check_every == 0:
             accuracy = probe.accuracy(model)
             if accuracy >= config.target_accuracy:
@@ -157,6 +157,8 @@ class _Probe:
         return sum(map(answer_is, texts, self.answers)) / len(texts)
 
 
+#: The label of a position that is not trained (HF's convention).
+IGNORED = -100
 #: (prompt ids, completion ids, completion loss mask): one warm-up example.
 Pair = tuple[list[int], list[int], list[bool]]
 
@@ -195,15 +197,27 @@ def _after_calls(text: str) -> list[str]:
     return [piece + TOOL_CALL_END for piece in pieces[:-1]] + [pieces[-1]]
 
 
+def completion_loss(model: Any, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The causal-LM loss HF computes from ``labels`` (each position predicts the next
+    token; -100 is not trained), with the output layer applied only where a label is
+    trained: over a vocabulary, logits for the prompt's positions are most of a warm-up
+    step's work and all of them would be thrown away."""
+    hidden = model.base_model(input_ids=ids).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    trained = targets != IGNORED
+    logits = model.get_output_embeddings()(hidden[trained])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[trained])
+
+
 def _batch(pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids; labels only on the completion's trained tokens (-100 elsewhere,
     as HF expects)."""
     length = max(len(p) + len(c) for p, c, _ in pairs)
     ids = torch.zeros((len(pairs), length), dtype=torch.long)
-    labels = torch.full((len(pairs), length), -100, dtype=torch.long)
+    labels = torch.full((len(pairs), length), IGNORED, dtype=torch.long)
     for row, (prompt, completion, mask) in enumerate(pairs):
         end = len(prompt) + len(completion)
         ids[row, :end] = torch.tensor(prompt + completion)
-        trained = [token if keep else -100 for token, keep in zip(completion, mask, strict=True)]
+        trained = [token if keep else IGNORED for token, keep in zip(completion, mask, strict=True)]
         labels[row, len(prompt) : end] = torch.tensor(trained)
     return ids, labels

@@ -28,7 +28,7 @@ from nats.aio.client import Client as NATS
 from protocol import streams
 from protocol.codec import Codec, encode
 from protocol.messages import ChatMessage, FinishReason, RolloutStatus, SamplingParams, Task
-from services.domains import load_registry
+from services.domains import tool_use
 from services.engines.engine import GenerateRequest, Sample
 from services.engines.torch.engine import TorchEngine
 from services.generator import retries
@@ -67,7 +67,8 @@ async def test_a_preempted_trajectory_resumes_to_the_tokens_of_an_uninterrupted_
     engine = TorchEngine(calling_policy)
     await engine.start()
     tokenizer = ChatTokenizer.load(calling_policy)
-    domain = load_registry(None).get("tool_use")
+    # The puzzles the policy was warmed up on (bench/bench_scheduling.py): modpow only.
+    domain = tool_use.domain("tool_use", {"task": "modpow"})
     tasks = [_greedy(t) for t in domain.make_tasks(8, "eval", 0)]
     try:
         async with SandboxService(_sandbox_settings(nats_url, sandbox_image, tmp_path)):

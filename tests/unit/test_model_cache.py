@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from services.model.cache import cached_model, recipe_key
+from services.model.cache import BUILDERS, cached_model, recipe_key
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +30,8 @@ def test_built_once_then_found(cache: Path) -> None:
     first = cached_model("policy", "abc", build)
     second = cached_model("policy", "abc", build)
     assert first == second == cache / "policy-abc" and len(built) == 1
-    assert [p.name for p in cache.iterdir()] == ["policy-abc"], "no build folder left behind"
+    left = [p.name for p in cache.iterdir() if not p.name.endswith(".lock")]
+    assert left == ["policy-abc"], "no build folder left behind"
 
 
 def test_a_failed_build_leaves_nothing_under_the_name(cache: Path) -> None:
@@ -37,7 +41,28 @@ def test_a_failed_build_leaves_nothing_under_the_name(cache: Path) -> None:
 
     with pytest.raises(RuntimeError, match="out of memory"):
         cached_model("policy", "abc", build)
-    assert list(cache.iterdir()) == []
+    assert [p for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_two_builders_at_once_build_once(cache: Path) -> None:
+    """The second caller waits for the first one's build and finds it."""
+    built: list[str] = []
+    started = threading.Event()
+
+    def build(path: Path) -> None:
+        built.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.3)  # long enough for the other thread to reach the lock
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+
+    found: list[Path] = []
+    first = threading.Thread(target=lambda: found.append(cached_model("policy", "abc", build)))
+    first.start()
+    assert started.wait(10)
+    found.append(cached_model("policy", "abc", build))
+    first.join(10)
+    assert found == [cache / "policy-abc"] * 2 and len(built) == 1, built
 
 
 def test_the_key_follows_the_recipe_and_the_sources(tmp_path: Path) -> None:
@@ -48,3 +73,18 @@ def test_the_key_follows_the_recipe_and_the_sources(tmp_path: Path) -> None:
     assert recipe_key(["tool_use", 81], [source]) != key
     source.write_text("A = 2\n")
     assert recipe_key(["tool_use", 80], [source]) != key
+
+
+def test_the_builders_cover_what_they_import_from_the_model_package() -> None:
+    """A builder that starts importing another services.model file must name it: a change
+    there would otherwise leave stale models under the old keys."""
+    names = {path.name for path in BUILDERS}
+    for path in BUILDERS:
+        imported = [
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module
+        ]
+        for module in imported:
+            if module.startswith("services.model."):
+                assert module.split(".")[-1] + ".py" in names, f"{path.name} imports {module}"

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from services.domains import Example, load_registry
 from services.domains.formats import answer_text
-from services.model.sft import WarmupConfig, _batch, _Probe, reference_ids
+from services.model.load import load_causal_lm
+from services.model.sft import WarmupConfig, _batch, _Probe, completion_loss, reference_ids
 from services.model.tokens import ChatTokenizer
 
 
@@ -66,3 +68,22 @@ def test_tool_tasks_are_not_probed_with_one_greedy_turn(tokenizer: ChatTokenizer
     arithmetic = load_registry(None).get("arithmetic")
     probe = _Probe.of([(tools, 1.0), (arithmetic, 1.0)], tokenizer, config)
     assert probe is not None and len(probe.prompts) == 8
+
+
+def test_the_warm_up_loss_and_its_gradients_are_hf_s(tiny_model: Path) -> None:
+    """Logits only where a label is trained: the same loss and gradients as HF's own
+    (which computes them everywhere), on a batch of tool references with masked outputs."""
+    tokenizer = ChatTokenizer.load(tiny_model)
+    examples = load_registry(None).get("tool_use").examples(6, seed=1)
+    pairs = [(tokenizer.render(e.task.prompt), *reference_ids(tokenizer, e)) for e in examples]
+    ids, labels = _batch(pairs)
+    model = load_causal_lm(tiny_model)
+    ours = completion_loss(model, ids, labels)
+    ours.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    theirs = model(input_ids=ids, labels=labels).loss
+    theirs.backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    for ours_grad, param in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(ours_grad, param.grad, rtol=1e-4, atol=1e-6)
