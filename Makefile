@@ -38,9 +38,17 @@ TRAIN_MINUTES ?= 10
 run: venv
 	$(BIN)/temper train --minutes $(TRAIN_MINUTES)
 
-# pytest exits 5 when it collected nothing: a suite that tests nothing is a failure.
-test: venv sglang-venv
-	$(WORKER_ENV) $(BIN)/python -m pytest $(WORKERS) --durations=20 $(PYTEST_ARGS); status=$$?; \
+# The SGLang venv and the images build in the background (deploy/prebuild.sh: cached, so
+# seconds once built) while the venv builds and the first tests run; a test that needs one
+# sooner waits on its builder's lock.  pytest exits 5 when it collected nothing: a suite
+# that tests nothing is a failure.
+PREBUILD_LOG ?= .prebuild.log
+test:
+	@deploy/prebuild.sh $(PREBUILD_LOG) & prebuild=$$!; \
+	$(MAKE) --no-print-directory venv \
+	  && $(WORKER_ENV) $(BIN)/python -m pytest $(WORKERS) --durations=20 $(PYTEST_ARGS); \
+	status=$$?; \
+	wait $$prebuild || echo "make test: a background build failed (see $(PREBUILD_LOG))" >&2; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 

@@ -13,7 +13,7 @@
 # The final image tag is the last line on stdout; everything else goes to stderr.
 #
 # Environment:
-#   TEMPER_CACHE_DIR       where the root filesystem tarball is kept (default /var/cache/temper)
+#   TEMPER_CACHE           where the root filesystem tarball is kept (default /var/cache/temper)
 #   TEMPER_DEBIAN_MIRROR   Debian mirror URL (default: the host's apt configuration)
 #
 # Exit status: 0 built or present; 3 a prerequisite is missing (docker, debootstrap, root);
@@ -31,7 +31,7 @@ script="$here/$(basename "${BASH_SOURCE[0]}")"
 packages_file="$here/packages.txt"
 dockerfile="$here/Dockerfile.offline"
 agent_dir="$repo/services/sandbox/agent"
-cache_dir="${TEMPER_CACHE_DIR:-/var/cache/temper}"
+cache_dir="${TEMPER_CACHE:-/var/cache/temper}"
 
 log() { printf 'build-offline: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -211,7 +211,7 @@ main() {
     log "image $tag present"
   else
     mkdir -p "$cache_dir" 2>/dev/null && [[ -w "$cache_dir" ]] \
-      || die "cache directory $cache_dir is not writable; set TEMPER_CACHE_DIR"
+      || die "cache directory $cache_dir is not writable; set TEMPER_CACHE"
     exec 9>>"$cache_dir/.build.lock"
     flock 9  # one build at a time per cache directory
     tar="$cache_dir/sandbox-rootfs-$base_hash.tar"

@@ -17,7 +17,7 @@
 # The final image tag is the last line on stdout; everything else goes to stderr.
 #
 # Environment:
-#   TEMPER_CACHE_DIR   where the installed packages are kept (default /var/cache/temper)
+#   TEMPER_CACHE       where the installed packages are kept (default /var/cache/temper)
 #   TEMPER_PYTHON      a Python 3.11 that pip installs with (default: the project's .venv,
 #                      else python3.11, else python3)
 #
@@ -38,7 +38,7 @@ sandbox_script="$repo/deploy/sandbox/build-offline.sh"
 deps_dockerfile="$here/Dockerfile.deps"
 dockerfile="$here/Dockerfile.offline"
 pyproject="$repo/pyproject.toml"
-cache_dir="${TEMPER_CACHE_DIR:-/var/cache/temper}"
+cache_dir="${TEMPER_CACHE:-/var/cache/temper}"
 
 log() { printf 'temper build-offline: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -178,7 +178,7 @@ main() {
     log "image $tag present"
   else
     mkdir -p "$cache_dir" 2>/dev/null && [[ -w "$cache_dir" ]] \
-      || die "cache directory $cache_dir is not writable; set TEMPER_CACHE_DIR"
+      || die "cache directory $cache_dir is not writable; set TEMPER_CACHE"
     # Its own lock: the sandbox script holds .build.lock while it builds.
     exec 9>>"$cache_dir/.temper-build.lock"
     flock 9
