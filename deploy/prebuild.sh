@@ -20,11 +20,14 @@ readonly EXIT_PREREQ=3
 log="$1"
 : >"$log"
 
-# Niced: the venv and the tests come first; these fill the cores' idle time.
-nice -n 5 "$here/sglang-cpu/build.sh" >>"$log" 2>&1 &
+# The venv and the tests come first (both unpack and write GBs): these take the CPU and
+# the disk when they are idle.
+low=(nice -n 10)
+command -v ionice >/dev/null && low=(ionice -c 3 "${low[@]}")
+"${low[@]}" "$here/sglang-cpu/build.sh" >>"$log" 2>&1 &
 sglang=$!
 # python3.11 rather than the project's venv, which may be half copied while this starts.
-TEMPER_PYTHON="${TEMPER_PYTHON:-python3.11}" nice -n 5 "$here/temper/build-offline.sh" >>"$log" 2>&1 &
+TEMPER_PYTHON="${TEMPER_PYTHON:-python3.11}" "${low[@]}" "$here/temper/build-offline.sh" >>"$log" 2>&1 &
 image=$!
 
 status=0

@@ -129,12 +129,9 @@ async def test_on_policy_training_waits_for_each_version(tmp_path: Path) -> None
         "2",
         "--batch",
         "32",
-        # A short warm-up: enough right answers that some groups have a reward spread
+        # The default warm-up, as the learning run above (one start policy in the model
+        # cache for both): enough right answers that some groups have a reward spread
         # (all-wrong groups carry no advantage and the learner skips such a step).
-        "--warmup-steps",
-        "200",
-        "--warmup-target",
-        "0",
         "--eval-every",
         "0",
         # Only that both evaluations ran is asserted: a few problems, one sample each.

@@ -709,22 +709,36 @@ async def read_all(nc: NATS, spec: streams.StreamSpec, count: int) -> list[Msg]:
 
 
 async def nothing_pending(nc: NATS, consumed: Consumed) -> dict[str, int]:
-    """Messages still pending or unacked per stream consumer, once they drain (or time out)."""
-    jsm = nc.jsm()
-    deadline = time.monotonic() + 10
+    """Messages still pending or unacked per stream consumer, once they drain, or once
+    draining stalls: a loaded machine drains slower, never stops draining, so the wait
+    lasts while the count goes down and ends STALL_S after it last did."""
+    best, stalled_at = None, time.monotonic() + STALL_S
     while True:
-        left: dict[str, int] = {}
-        for stream, known in consumed.streams.items():
-            # Durables made since discovery (a domain's first task) count as well.
-            names = known | {c.name or "" for c in await jsm.consumers_info(stream)}
-            for name in names:
-                info = await jsm.consumer_info(stream, name)
-                pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
-                if pending:
-                    left[f"{stream}/{name}"] = pending
-        if not left or time.monotonic() > deadline:
+        left = await _pending(nc, consumed)
+        total = sum(left.values())
+        if best is None or total < best:
+            best, stalled_at = total, time.monotonic() + STALL_S
+        if not left or time.monotonic() > stalled_at:
             return left
         await asyncio.sleep(0.2)
+
+
+#: How long the pending count may stay put before the drain counts as stuck.
+STALL_S = 10.0
+
+
+async def _pending(nc: NATS, consumed: Consumed) -> dict[str, int]:
+    jsm = nc.jsm()
+    left: dict[str, int] = {}
+    for stream, known in consumed.streams.items():
+        # Durables made since discovery (a domain's first task) count as well.
+        names = known | {c.name or "" for c in await jsm.consumers_info(stream)}
+        for name in names:
+            info = await jsm.consumer_info(stream, name)
+            pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            if pending:
+                left[f"{stream}/{name}"] = pending
+    return left
 
 
 # ---------------------------------------------------------------- checks
