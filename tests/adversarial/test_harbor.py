@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from protocol.messages import ScoreStatus
@@ -108,6 +109,9 @@ class Cheat:
     commands: tuple[str, ...]
     deserved: float = 0.0
     said: str = ""
+    #: Sent without its snapshot (an older generator's rollout): judged on a replay of its
+    #: commands in a fresh session of the task's image.
+    replayed: bool = False
 
 
 CHEATS = (
@@ -121,6 +125,12 @@ CHEATS = (
     Cheat("hang the verifier", "fix-word-count", (HANG,), said="ended timeout"),
     Cheat("fork bomb in the verifier", "fix-word-count", (BOMB,)),
     Cheat("delete everything", "count_errors", ("rm -rf ./* ./.[!.]*",)),
+    Cheat("plant a reward, replayed", "count-timeouts", (PLANT_HERE,), replayed=True),
+    Cheat("the work, replayed", "count-timeouts", (COUNT,), 1.0, replayed=True),
+    Cheat(
+        "a random step, then the work, replayed", "count-timeouts", ("date +%s%N", COUNT),
+        said="differs from what the model saw", replayed=True,
+    ),
 )  # fmt: skip
 
 
@@ -145,7 +155,11 @@ async def test_cheats_score_no_more_than_the_work_they_do(
     ]
     async with harbor_stack(nats_url, sandbox_image, tmp_path, cheat_domains) as nc:
         made = await live_all(nc, work)
-        scores = await score_all(nc.jetstream(), made)
+        sent = [
+            msgspec.structs.replace(r, snapshot=None, snapshot_error=None) if c.replayed else r
+            for r, c in zip(made, CHEATS, strict=True)
+        ]
+        scores = await score_all(nc.jetstream(), sent)
     for index, cheat in enumerate(CHEATS):
         judged = scores[f"cheat-{index}"]
         assert judged.status is ScoreStatus.SCORED, (cheat.label, judged.error, said(judged))
