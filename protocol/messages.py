@@ -74,6 +74,20 @@ class SamplingParams(Record):
     seed: int | None = None
 
 
+class GatewayCall(Record):
+    """Marks a task as one interactive call of the gateway (docs/gateway.md): its samples
+    go back to the caller, not to the rollout stream, and nothing of it is retried."""
+
+    #: The core subject the ``CallResult`` goes to (``subjects.gateway_reply``).
+    reply: str
+    #: The trajectory the call continues or starts: the engine's routing key, so a
+    #: server that holds the trajectory's earlier turns in its prefix cache serves it.
+    route: str = ""
+    #: Trajectories the call starts (the rest continue one): what the staleness
+    #: admission counts, since each trajectory becomes one trained rollout.
+    new_samples: NonNegInt = 0
+
+
 class Task(Message, tag="task"):
     """A unit of work: one prompt, sampled ``n`` times (a GRPO group)."""
 
@@ -109,6 +123,8 @@ class Task(Message, tag="task"):
     #: Who submitted it, for fair share between the tenants of a domain; empty: the
     #: default tenant.  Part of the subject, which must agree with it.
     tenant: OptionalToken = ""
+    #: Set for a gateway call: its samples are answered on ``call.reply``.
+    call: GatewayCall | None = None
 
     def __post_init__(self) -> None:
         _require_items("prompt_tokens", self.prompt_tokens, I32.itemsize)
@@ -294,6 +310,14 @@ def rollout_id(task_id: str, sample_index: int, attempt: int = 0) -> str:
     if attempt:
         return f"{task_id}/{sample_index}@{attempt}"
     return f"{task_id}/{sample_index}"
+
+
+class CallResult(Message, tag="call_result"):
+    """A gateway call's samples, sent by the generator to the call's ``reply`` subject
+    instead of the rollout stream: one rollout per sample, in sample order."""
+
+    task_id: str
+    rollouts: list[Rollout] = []
 
 
 # --------------------------------------------------------------------------- sandbox
@@ -808,6 +832,7 @@ class ErrorReply(Message, tag="error"):
 AnyMessage = (
     Task
     | Rollout
+    | CallResult
     | SandboxExec
     | SandboxResult
     | SandboxOpen
@@ -851,6 +876,8 @@ def task_id_of(message: Message) -> str | None:
         return message.id
     if isinstance(message, Rollout):
         return message.task.id
+    if isinstance(message, CallResult):
+        return message.task_id
     if isinstance(message, ScoredRollout):
         return message.rollout.task.id
     return None

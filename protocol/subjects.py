@@ -115,6 +115,17 @@ def scored_for_task(task_id: str) -> str:
 
 
 # Request/reply
+def gateway_reply(instance: str, task_id: str) -> str:
+    """Where a generator answers one gateway call, the task ``task_id`` (a core subject:
+    nothing of a call is durable, and a gateway that is gone has nobody to answer)."""
+    return f"{PREFIX}.gateway.reply.{token(instance, 'instance')}.{token(task_id, 'task id')}"
+
+
+def gateway_replies(instance: str) -> str:
+    """Every reply to one gateway instance's calls."""
+    return f"{PREFIX}.gateway.reply.{token(instance, 'instance')}.>"
+
+
 def sandbox_exec() -> str:
     return f"{PREFIX}.sandbox.exec"
 

@@ -112,7 +112,9 @@ class AgentLoop:
             return
         prompt = fresh[0].prompt
         try:
-            first = await self._generate(task, prompt, len(fresh), task.id, budget - len(prompt), 0)
+            first = await self._generate(
+                task, prompt, len(fresh), _route(task), budget - len(prompt), 0
+            )
         except EngineError as error:
             for trajectory in fresh:
                 trajectory.fail(RolloutStatus.INFRA_FAILURE, str(error), _kind(error))
@@ -375,6 +377,14 @@ async def _save_end(trajectory: Trajectory, session: ToolSession) -> None:
 async def _snapshot(trajectory: Trajectory, session: ToolSession | None) -> str | None:
     """The sandbox state as the sample's tool calls so far left it."""
     return await session.snapshot() if session is not None else trajectory.snapshot
+
+
+def _route(task: Task) -> str:
+    """The engine's routing key of a task's first turn: a gateway call names the
+    trajectory it continues, whose earlier turns a server may hold in its prefix cache."""
+    if task.call is not None and task.call.route:
+        return task.call.route
+    return task.id
 
 
 def _never() -> bool:

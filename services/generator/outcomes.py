@@ -1,6 +1,7 @@
 """Where a generated task's samples go: finished ones to the rollout stream, failed ones
 that go again as their retry, suspended ones (preempted) re-queued with their state, and
-the task of samples out of attempts to the dead-letter stream.
+the task of samples out of attempts to the dead-letter stream.  A gateway call's samples
+go back to the gateway that asked, all of them at once.
 
 Every publication carries a stable message id, so a redelivered task changes nothing
 that was stored already (services.generator.retries).
@@ -18,7 +19,7 @@ from structlog.typing import FilteringBoundLogger
 from protocol import subjects
 from protocol.codec import encode
 from protocol.errors import ErrorCode
-from protocol.messages import RolloutStatus, Task
+from protocol.messages import CallResult, RolloutStatus, Task
 from services.domains.retry import RetryPolicy
 from services.generator import retries
 from services.generator.agent import Outcome
@@ -54,6 +55,8 @@ class Outcomes:
         self._log = log
         self._wiring: _Wiring | None = None
         self.rollouts: Counter[str] = Counter()
+        #: Samples of gateway calls answered, by status.
+        self.calls: Counter[str] = Counter()
         #: Failed samples sent to a new attempt, and those dead-lettered after their last.
         self.retried = 0
         self.exhausted = 0
@@ -83,6 +86,9 @@ class Outcomes:
             await self._again(retries.handed_back(task), delivery)
             self.handed_back += 1
             return
+        if task.call is not None:
+            await self._answer(task, task.call.reply, outcome, delivery)
+            return
         wiring = self.wiring
         policy = wiring.policies.of(task.domain)
         plan = retries.plan(task, outcome.rollouts, policy, time.time(), outcome.checkpoints)
@@ -100,6 +106,15 @@ class Outcomes:
                 self.retried += len(plan.retry.sample_indices)
             if plan.exhausted is not None:
                 await self._give_up(plan.exhausted, plan.reason, delivery)
+
+    async def _answer(self, task: Task, reply: str, outcome: Outcome, delivery: Delivery) -> None:
+        """A gateway call's samples go back to its caller, failed ones included: the caller
+        is waiting for them, and a retry would only answer after it gave up."""
+        result = CallResult(task_id=task.id, rollouts=outcome.rollouts)
+        with self._stages.stage("publish"):
+            await self.wiring.bus.emit(reply, result, trace_id=delivery.trace_id or None)
+        for rollout in outcome.rollouts:
+            self.calls[rollout.status.value] += 1
 
     async def _again(self, task: Task, delivery: Delivery) -> None:
         # The subject it came on decides its tier, as it did for the first try; its tenant
@@ -134,6 +149,9 @@ class Outcomes:
 
     def statistics(self) -> dict[str, float]:
         values = {f"rollouts_{s.value}": float(self.rollouts[s.value]) for s in RolloutStatus}
+        values.update(
+            {f"call_samples_{s.value}": float(self.calls[s.value]) for s in RolloutStatus}
+        )
         values["preemptions"] = float(self.preempted)
         values["preemptions_parked"] = float(self.handed_back)
         values["samples_retried"] = float(self.retried)

@@ -227,11 +227,13 @@ class GeneratorService(Service):
         )
 
     async def _generate(self, task: Task, running: Running) -> Outcome:
-        samples = 0 if is_heldout(task) else len(task.sample_indices)
+        samples, reserve = _admitted_samples(task)
         if samples:
             with self.stages.stage("admission"):
-                if not await running.unless_asked(self.admission.admit(samples)):
+                admitted = self.admission.admit(samples, reserve=reserve)
+                if not await running.unless_asked(admitted):
                     return Outcome(rollouts=[], handed_back=True)
+            samples = samples if reserve else 0
         if not task.tools or self.settings.tools != "sandbox":
             with self.stages.stage("generate"):
                 return await self._rollouts_for(task, running)
@@ -284,7 +286,9 @@ class GeneratorService(Service):
     async def _rollouts_for(self, task: Task, running: Running) -> Outcome:
         loop = self._loop
         assert loop is not None
-        if self._known is not None and not self._known(task.domain):
+        # A gateway call is not scored by its domain's validators when generated: the
+        # domain only schedules it (its tenant's share) until its session is rewarded.
+        if task.call is None and self._known is not None and not self._known(task.domain):
             return Outcome(rollouts=loop.refuse(task, f"unknown domain {task.domain!r}"))
         if task.deadline is not None and task.deadline < time.time():
             reason = "the task's deadline passed before it was generated"
@@ -433,6 +437,19 @@ class GeneratorService(Service):
         values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
         return values
+
+
+def _admitted_samples(task: Task) -> tuple[int, bool]:
+    """The samples a task waits for at the staleness admission, and whether it reserves
+    them there.  A held-out task is never trained on.  A gateway call waits for the
+    trajectories it starts (one rollout each, however many calls they take) but reserves
+    nothing: its session may never be rewarded, and a reservation never trained on would
+    shrink the budget for good; once trained, the learner's count takes them in."""
+    if is_heldout(task):
+        return 0, True
+    if task.call is not None:
+        return min(task.call.new_samples, len(task.sample_indices)), False
+    return len(task.sample_indices), True
 
 
 def _route_of(task: Task, delivery: Delivery) -> subjects.TaskRoute:

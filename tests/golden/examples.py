@@ -14,12 +14,15 @@ example sets it, so every field is covered with a value somewhere.
 
 from __future__ import annotations
 
+import msgspec
+
 from protocol import pack_f32, pack_i32, pack_u8
 from protocol.errors import ErrorCode
 from protocol.messages import (
     Batch,
     BatchCommit,
     BatchStatus,
+    CallResult,
     ChatMessage,
     CommitReply,
     DomainControl,
@@ -32,6 +35,7 @@ from protocol.messages import (
     ErrorEvent,
     ErrorReply,
     FinishReason,
+    GatewayCall,
     Heartbeat,
     LeaseRelease,
     Message,
@@ -195,6 +199,25 @@ def rollout(sample_index: int, *, ok: bool) -> Rollout:
         generator="generator-0",
         created_at=T0 + 10.0,
     )
+
+
+def call_result() -> CallResult:
+    """A gateway call's answer: its task carries the call, its one sample came back."""
+    task = msgspec.structs.replace(
+        token_task(),
+        id="gw-call-0003",
+        tenant="acme",
+        n=1,
+        call=GatewayCall(
+            reply="temper.v1.gateway.reply.gateway-0.gw-call-0003",
+            route="gw-5f1d3c0e9a7b4c2d8e6f1a3b5c7d9e0f/0",
+            new_samples=1,
+        ),
+    )
+    sample = msgspec.structs.replace(
+        rollout(0, ok=True), id=rollout_id(task.id, 0), task=task, tool_calls=[]
+    )
+    return CallResult(task_id=task.id, rollouts=[sample])
 
 
 def scored(sample_index: int) -> ScoredRollout:
@@ -393,6 +416,7 @@ def examples() -> dict[str, Message]:
     values: list[Message] = [
         task(),
         rollout(3, ok=False),
+        call_result(),
         sandbox_exec(),
         sandbox_result(),
         *sandbox_sessions(),

@@ -55,3 +55,14 @@ async def test_closing_cancels_the_waiters_and_refuses_new_ones() -> None:
         await gate.admit(2)
     assert gate.ahead() == 4, "nothing handed back counts as started"
     await asyncio.wait_for(gate.admit(0), 1.0)  # what fits still goes
+
+
+async def test_a_call_waits_for_room_but_reserves_none() -> None:
+    admission = StalenessAdmission(budget=4)
+    await admission.admit(4)
+    waiting = asyncio.ensure_future(admission.admit(2, reserve=False))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # no room: it waits like any task
+    admission.learner_trained(2)
+    await asyncio.wait_for(waiting, 1)
+    assert admission.ahead() == 2  # what it waited for was not counted as started

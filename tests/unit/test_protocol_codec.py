@@ -296,6 +296,7 @@ def test_version_of_the_wrong_type(value: object) -> None:
 #: (example tag, change, path of the nested ``v``): every place a message nests another.
 NESTED_VERSIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("rollout", lambda r: r["task"].update(v=99), "$.task.v"),
+    ("call_result", lambda c: c["rollouts"][0]["task"].update(v=3), "$.rollouts[0].task.v"),
     ("scored_rollout", lambda s: s["rollout"].update(v=2), "$.rollout.v"),
     ("scored_rollout", lambda s: s["rollout"]["task"].update(v=99), "$.rollout.task.v"),
     ("batch", lambda b: b["items"][1]["rollout"]["task"].update(v=0), "$.items[1].rollout.task.v"),

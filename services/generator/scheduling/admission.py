@@ -31,8 +31,9 @@ class StalenessAdmission:
         # Nothing ahead: a task larger than the whole budget still goes, alone.
         return not self.budget or ahead <= 0 or ahead + samples <= self.budget
 
-    async def admit(self, samples: int) -> None:
-        """Wait until ``samples`` more fit within the budget, then count them as started.
+    async def admit(self, samples: int, *, reserve: bool = True) -> None:
+        """Wait until ``samples`` more fit within the budget, then count them as started
+        (unless not ``reserve``: they only wait for room).
 
         Once the gate is closed a waiter is cancelled: the consumer hands its task back
         (a nak), as it does for any handler cancelled while the service stops."""
@@ -43,7 +44,8 @@ class StalenessAdmission:
                 raise asyncio.CancelledError("admission closed: the generator is stopping")
             changed = self._changed
             await changed.wait()
-        self.started += samples
+        if reserve:
+            self.started += samples
 
     def release(self, samples: int) -> None:
         """Admitted samples that did not start after all (handed back before generating)."""
