@@ -69,10 +69,10 @@ from services.domains import tool_use
 from services.domains.api import Domain, Example, Split
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from services.generator.tools import parse_tool_call
 from services.model.cache import BUILDERS, cached_model, recipe_key
 from services.model.sft import WarmupConfig
 from services.model.tiny import TinyModelSpec
+from services.model.tool_format import parse_tool_call
 from services.runtime import logs
 from services.runtime.jetstream import ensure_streams
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings

@@ -18,7 +18,8 @@ from pathlib import Path
 import nats
 from bench_sandbox import build_image
 
-from services.generator.tools import SandboxTools, ToolCallRequest, ToolSession
+from services.generator.tools import SandboxTools, ToolSession
+from services.model.tool_format import ToolCallRequest
 from services.runtime.natsserver import RANDOM_PORT, NatsServer, NatsServerSettings
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService

@@ -178,12 +178,12 @@ def _count(text: str) -> int:
 
 
 def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, str]:
-    """Generator and learner settings from the command line (``TEMPER_<SERVICE>_*``).
+    """Generator, learner and gateway settings from the command line (``TEMPER_<SERVICE>_*``).
 
-    Both start from the same policy directory; the learner writes its versions, checkpoint
+    All start from the same policy directory; the learner writes its versions, checkpoint
     and metrics under RUN_DIR/learner.
     """
-    if not {"generator", "learner"} & set(names):
+    if not {"generator", "learner", "gateway"} & set(names):
         return {}
     if args.engine == "sglang" and not args.sglang_urls:
         raise CliError("--engine sglang needs at least one --sglang-url", 2)
@@ -200,6 +200,8 @@ def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, st
         "TEMPER_GENERATOR_ENGINE": args.engine,
         "TEMPER_LEARNER_MODEL": str(model),
         "TEMPER_LEARNER_OUT_DIR": str((args.run_dir / "learner").resolve()),
+        # The gateway tokenizes with the policy the generators serve.
+        "TEMPER_GATEWAY_MODEL": str(model),
     }
     if args.sglang_urls:
         env["TEMPER_GENERATOR_SGLANG_URLS"] = ",".join(args.sglang_urls)

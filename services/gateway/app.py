@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -22,12 +22,16 @@ from aiohttp import web
 from protocol.messages import PolicyUpdate
 from services.gateway import errors
 from services.gateway.errors import ApiError
+from services.gateway.generation import Generation, Served
 from services.gateway.keys import KeyPolicy, KeyRing, bearer, key_id
 from services.gateway.requests import parse_chat, parse_completion
+from services.gateway.rewards import Rewards
 from services.gateway.sessions import SESSION_HEADER, BadSessionName, session_name
 from services.gateway.settings import GatewaySettings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Where the middleware leaves the caller's key policy for the routes.
+_KEY: Final = web.RequestKey("temper_key", KeyPolicy)
 
 
 @dataclass(kw_only=True)
@@ -76,6 +80,9 @@ class GatewayApp:
         #: Responses by status.
         self.statuses: Counter[int] = Counter()
         self.in_flight = 0
+        #: Set once the service is connected to the bus.
+        self.generation: Generation | None = None
+        self.rewards: Rewards | None = None
 
     def runner(self, shutdown_timeout_s: float) -> web.AppRunner:
         """The server of ``application()``; a stop waits ``shutdown_timeout_s`` at most
@@ -99,6 +106,7 @@ class GatewayApp:
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/temper/sessions/{session}/reward", self.reward)
         return app
 
     # ------------------------------------------------------------------ middleware
@@ -138,6 +146,7 @@ class GatewayApp:
         caller.key_id = key_id(key)
         caller.policy = self.keys.lookup(key)
         self.keys.admit(caller.policy)
+        request[_KEY] = caller.policy
         return await handler(request)
 
     def _refused(self, request: web.Request, error: ApiError, caller: _Caller) -> web.Response:
@@ -161,19 +170,35 @@ class GatewayApp:
         self._check_model(request.match_info["model"])
         return _json(self._model_card())
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         parsed = parse_chat(await self._body(request))
         self._check_model(parsed.model)
-        self._session(request, parsed.user)
-        raise errors.generation_unavailable()
+        session = self._session(request, parsed.user)
+        served = await self._generation().chat(parsed, request[_KEY], session)
+        return await _send(request, served)
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed = parse_completion(await self._body(request))
         self._check_model(parsed.model)
-        self._session(request, parsed.user)
-        raise errors.generation_unavailable()
+        session = self._session(request, parsed.user)
+        served = await self._generation().completion(parsed, request[_KEY], session)
+        return await _send(request, served)
+
+    async def reward(self, request: web.Request) -> web.Response:
+        policy: KeyPolicy = request[_KEY]
+        name = self._session(request, request.match_info["session"])
+        assert name is not None
+        if self.rewards is None:
+            raise errors.generation_failed("the gateway is not connected to the bus yet")
+        body = await self._body(request)
+        return _json(await self.rewards.close(policy.key_id, name, body))
 
     # ------------------------------------------------------------------ helpers
+
+    def _generation(self) -> Generation:
+        if self.generation is None:
+            raise errors.generation_failed("the gateway is not connected to the bus yet")
+        return self.generation
 
     def _model_card(self) -> dict[str, Any]:
         return {
@@ -225,6 +250,20 @@ class ServerLog:
         )
 
     warning = error = exception
+
+
+async def _send(request: web.Request, served: Served) -> web.StreamResponse:
+    """One JSON body, or the chunks as server-sent events ending with ``[DONE]``."""
+    if served.chunks is None:
+        return _json(served.body)
+    response = web.StreamResponse(headers={"Cache-Control": "no-cache"})
+    response.content_type = "text/event-stream"
+    await response.prepare(request)
+    for chunk in served.chunks:
+        await response.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -106,13 +106,27 @@ def unknown_model(model: str, served: str) -> ApiError:
     )
 
 
-def generation_unavailable() -> ApiError:
+def generation_failed(reason: str) -> ApiError:
+    return ApiError(503, f"generation failed: {reason}", type=SERVER, code="generation_failed")
+
+
+def call_timed_out(timeout_s: float) -> ApiError:
     return ApiError(
-        503,
-        "generation is not connected yet: this gateway authenticates, validates and "
-        "lists the served policy, but does not reach a generator (docs/gateway.md)",
+        504,
+        f"no generator answered within {timeout_s:g} s (are generators running and "
+        "following this policy?)",
         type=SERVER,
-        code="generation_not_connected",
+        code="generation_timeout",
+    )
+
+
+def context_exceeded(prompt: int, room: int, context: int) -> ApiError:
+    return ApiError(
+        400,
+        f"the prompt is {prompt} tokens and asks for {room} more; the model's context is "
+        f"{context} tokens",
+        param="messages",
+        code="context_length_exceeded",
     )
 
 

@@ -10,19 +10,25 @@ follow, caught up from the policy stream at start and after a reconnect.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from protocol import subjects
 from protocol.codec import Codec
-from protocol.messages import PolicyUpdate
+from protocol.messages import CallResult, PolicyUpdate
 from services.gateway.app import GatewayApp, ServedPolicy
+from services.gateway.calls import Calls
+from services.gateway.generation import Generation, Limits
 from services.gateway.keys import KeyRing
+from services.gateway.rewards import Rewards
 from services.gateway.sessions import SessionStore
 from services.gateway.settings import GatewaySettings
+from services.model.tokens import ChatTokenizer
 from services.runtime.policy import last_policy_update
 from services.runtime.responder import Request
 from services.runtime.service import Service
@@ -30,6 +36,10 @@ from services.runtime.service import Service
 
 class GatewayListenError(OSError):
     """The HTTP port could not be opened (taken, or not allowed)."""
+
+
+class GatewayModelError(ValueError):
+    """No model directory to tokenize with."""
 
 
 class GatewayService(Service):
@@ -48,6 +58,10 @@ class GatewayService(Service):
             max_sessions=settings.max_sessions, max_trajectories=settings.max_trajectories
         )
         self.http = GatewayApp(settings, self.keys, self.policy, self.log)
+        # A model that cannot be read stops the service before it connects.
+        self.tokenizer = _tokenizer(settings.model)
+        self.context = _context_length(settings.model)
+        self.calls: Calls | None = None
         self._http_runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -63,7 +77,33 @@ class GatewayService(Service):
     async def setup(self) -> None:
         await self._catch_up_policy()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
+        self._connect_generation()
         await self._open_http()
+
+    def _connect_generation(self) -> None:
+        settings = self.settings
+        calls = Calls(self.bus, self.instance, settings.call_timeout_s)
+        self.listen(calls.subject, Codec(CallResult), self._on_answer)
+        limits = Limits(
+            model_id=settings.model_id,
+            domain=settings.domain,
+            context=self.context,
+            max_tokens=settings.max_tokens,
+        )
+        self.http.generation = Generation(
+            tokenizer=self.tokenizer,
+            calls=calls,
+            sessions=self.sessions,
+            limits=limits,
+            version=lambda: self.policy.version,
+            clock=self._clock,
+        )
+        self.http.rewards = Rewards(self.bus, self.sessions, settings.domain)
+        self.calls = calls
+
+    async def _on_answer(self, result: CallResult, _: Request) -> None:
+        assert self.calls is not None
+        await self.calls.answered(result)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [self._reap()]
@@ -147,4 +187,29 @@ class GatewayService(Service):
         for status, count in self.http.statuses.items():
             values[f"http_{status}"] = float(count)
         values.update(self.sessions.statistics())
+        if self.calls is not None:
+            values.update(self.calls.statistics())
+        generation = self.http.generation
+        if generation is not None:
+            values["prompts_extended"] = float(generation.prompter.extended)
+            values["prompts_rendered"] = float(generation.prompter.rendered)
+        if self.http.rewards is not None:
+            values["rollouts_published"] = float(self.http.rewards.published)
         return values
+
+
+def _tokenizer(model: Path | None) -> ChatTokenizer:
+    if model is None:
+        raise GatewayModelError(
+            "the gateway needs the policy's model directory (TEMPER_GATEWAY_MODEL), the one "
+            "the generators serve: its tokenizer makes the prompts"
+        )
+    if not (model / "config.json").is_file():
+        raise GatewayModelError(f"TEMPER_GATEWAY_MODEL {model}: not a model directory")
+    return ChatTokenizer.load(model)
+
+
+def _context_length(model: Path | None) -> int:
+    assert model is not None
+    config: dict[str, Any] = json.loads((model / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 4096))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from protocol.messages import FinishReason, Segment
 
@@ -183,6 +183,8 @@ class Session:
     last_active: float
     trajectories: list[Trajectory] = field(default_factory=list)
     calls: int = 0
+    #: What the gateway answered, to extend the next call's prompt from (its prompts room).
+    notes: list[Any] = field(default_factory=list)
 
     def expired(self, now: float) -> bool:
         return now - self.last_active >= self.owner.timeout_s

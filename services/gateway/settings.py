@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol import subjects
 from protocol.messages import DEFAULT_TIER, TIERS
 from services.runtime.settings import RuntimeSettings
 
@@ -18,6 +19,16 @@ class GatewaySettings:
     port: int = 8400
     #: The id ``/v1/models`` lists and requests must name.
     model_id: str = "temper-policy"
+    #: The policy's model directory, the one the generators serve: its tokenizer and chat
+    #: template make the prompt ids, its ``config.json`` gives the context length.
+    model: Path | None = None
+    #: The domain calls are scheduled in (fair share between its tenants) and a rewarded
+    #: session's rollouts carry.
+    domain: str = "gateway"
+    #: How long a call waits for a generator's answer (504 after).
+    call_timeout_s: float = 120.0
+    #: Completion tokens when a request does not say (and room is left in the context).
+    max_tokens: int = 512
     #: API keys: a TOML or JSON file (docs/gateway.md) ...
     keys_file: Path | None = None
     #: ... and/or the same JSON in ``TEMPER_GATEWAY_KEYS``.  Never shown in a repr.
@@ -52,3 +63,6 @@ class GatewaySettings:
             raise ValueError("max_sessions and max_trajectories must be at least 1")
         if not self.model_id:
             raise ValueError("model_id must not be empty")
+        subjects.token(self.domain, "domain")
+        if self.call_timeout_s <= 0 or self.max_tokens < 1:
+            raise ValueError("call_timeout_s must be positive and max_tokens at least 1")

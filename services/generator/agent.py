@@ -43,10 +43,10 @@ from services.generator.tools import (
     ToolInfraError,
     ToolSession,
     WorkspaceUnsaved,
-    parse_tool_call,
 )
 from services.generator.trajectory import LoopLimits, Trajectory
 from services.model.tokens import ChatTokenizer
+from services.model.tool_format import parse_tool_call
 
 
 class AgentLoop:

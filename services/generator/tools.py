@@ -1,7 +1,7 @@
-"""Tool calls of the agent loop: parsing the model's calls and running them.
+"""Tool calls of the agent loop: running the model's calls.
 
-Format (documented in docs/generator.md): the model writes
-``<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>``.
+Format (documented in docs/generator.md, parsed by services.model.tool_format): the
+model writes ``<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>``.
 A malformed call is the model's mistake and comes back to it as an error observation;
 a tool that cannot run because the machinery failed is an infrastructure failure.
 """
@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from nats.aio.client import Client as NATS
 
@@ -27,10 +27,10 @@ from protocol.messages import (
     SandboxStatus,
 )
 from services.domains.sandbox_place import SandboxPlace
+from services.model.tool_format import ToolCallRequest
 from services.runtime.ask import AskError, BadReply, Refused, current_trace_id
 from services.sandbox.client import SandboxClient, WorkspaceRefused
 
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 #: Tool name -> sandbox language.
 SANDBOX_TOOLS: Mapping[str, str] = {"python": "python", "bash": "bash"}
 
@@ -46,35 +46,10 @@ class WorkspaceUnsaved(ToolInfraError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ToolCallRequest:
-    name: str
-    arguments: dict[str, Any]
-    raw: str
-
-
-@dataclass(frozen=True, kw_only=True)
 class ToolOutcome:
     output: str
     status: str
     duration_s: float
-
-
-def parse_tool_call(text: str) -> ToolCallRequest | str:
-    """The last tool call in ``text``, or an error message for the model."""
-    found = _CALL.findall(text)
-    if not found:
-        return "no <tool_call>...</tool_call> block found"
-    raw = found[-1].strip()
-    try:
-        body = json.loads(raw)
-    except json.JSONDecodeError as error:
-        return f"tool call is not valid JSON: {error.msg} at char {error.pos}"
-    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-        return 'tool call needs an object with a string "name"'
-    arguments = body.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return 'tool call "arguments" must be an object'
-    return ToolCallRequest(name=body["name"], arguments=arguments, raw=raw)
 
 
 class ToolSession(Protocol):

@@ -20,7 +20,8 @@ from protocol.messages import Rollout, ScoredRollout, Task, ToolCall
 from services.domains import Domain, DomainRegistry
 from services.domains.harbor_domain import HarborProblem, HarborSource
 from services.domains.sandbox_place import place_of
-from services.generator.tools import SandboxTools, ToolCallRequest, WorkspaceUnsaved
+from services.generator.tools import SandboxTools, WorkspaceUnsaved
+from services.model.tool_format import ToolCallRequest
 from services.sandbox.service import SandboxService
 from services.validator import ValidatorService
 from tests.integration.support import client, stream_entries, wait_count

@@ -1,8 +1,8 @@
 """The gateway service on a real nats-server, over real HTTP (aiohttp's client).
 
 Keys, rate limits, the OpenAI error shapes of every refusal, ``/v1/models`` following
-the policy-update subject, the chat endpoint's 503 while generation is not connected,
-and a server that no malformed input stops.
+the policy-update subject, a 504 when no generator answers a call in time, and a server
+that no malformed input stops.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,7 +35,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 WAIT_S = 10.0
 
 
-def settings(url: str) -> GatewaySettings:
+def settings(url: str, model: Path) -> GatewaySettings:
     keys = [
         {"key": KEY, "tenant": "acme", "rate_per_s": 0},
         {"key": SLOW_KEY, "tenant": "slow", "rate_per_s": 0.4, "burst": 2},
@@ -43,14 +44,20 @@ def settings(url: str) -> GatewaySettings:
         runtime=runtime(url, instance="gw"),
         port=0,
         model_id=MODEL,
+        model=model,
         keys=json.dumps({"keys": keys}),
         max_body_bytes=LIMIT,
+        # No generator runs here: a call waits this long, then is a 504.
+        call_timeout_s=1.5,
     )
 
 
 @pytest.fixture
-async def gateway(nats_url: str) -> AsyncIterator[GatewayService]:
-    async with asyncio.timeout(WAIT_S * 3), GatewayService(settings(nats_url)) as service:
+async def gateway(nats_url: str, tiny_model: Path) -> AsyncIterator[GatewayService]:
+    async with (
+        asyncio.timeout(WAIT_S * 3),
+        GatewayService(settings(nats_url, tiny_model)) as service,
+    ):
         assert isinstance(service, GatewayService)
         yield service
 
@@ -187,7 +194,7 @@ async def test_a_body_over_the_limit_is_413_before_it_is_read_whole(
     assert (await call(http, gateway, "GET", "/v1/models"))[0] == 200
 
 
-async def test_a_valid_chat_call_is_503_while_generation_is_not_connected(
+async def test_a_valid_call_with_no_generator_to_answer_is_a_504(
     gateway: GatewayService, http: aiohttp.ClientSession
 ) -> None:
     for path, request in [
@@ -196,12 +203,9 @@ async def test_a_valid_chat_call_is_503_while_generation_is_not_connected(
     ]:
         status, body, _ = await call(http, gateway, "POST", path, json=request)
         error = shaped(body)
-        assert (status, error["code"], error["type"]) == (
-            503,
-            "generation_not_connected",
-            "server_error",
-        )
-        assert "not connected" in error["message"]
+        assert (status, error["code"], error["type"]) == (504, "generation_timeout", "server_error")
+        assert "no generator answered within 1.5 s" in error["message"]
+    assert gateway.statistics()["calls_timed_out"] == 2
     headers = {"X-Temper-Session": " "}
     status, body, _ = await call(
         http, gateway, "POST", "/v1/chat/completions", json=CHAT, headers=headers
@@ -210,7 +214,7 @@ async def test_a_valid_chat_call_is_503_while_generation_is_not_connected(
 
 
 async def test_models_lists_the_served_policy_and_follows_its_updates(
-    nats_url: str, gateway: GatewayService, http: aiohttp.ClientSession
+    nats_url: str, tiny_model: Path, gateway: GatewayService, http: aiohttp.ClientSession
 ) -> None:
     status, body, _ = await call(http, gateway, "GET", "/v1/models")
     assert status == 200 and body["object"] == "list"
@@ -233,7 +237,7 @@ async def test_models_lists_the_served_policy_and_follows_its_updates(
         1_700_000_000,
     )
     # A gateway started later catches up from the policy stream.
-    async with GatewayService(settings(nats_url)) as late:
+    async with GatewayService(settings(nats_url, tiny_model)) as late:
         assert isinstance(late, GatewayService)
         status, body, _ = await call(http, late, "GET", "/v1/models")
         assert body["data"][0]["policy_version"] == 7
@@ -284,8 +288,10 @@ async def test_malformed_input_never_stops_it(
     assert "web_server_error" in logged.out
 
 
-async def test_a_stop_closes_the_port(nats_url: str, http: aiohttp.ClientSession) -> None:
-    service = GatewayService(settings(nats_url))
+async def test_a_stop_closes_the_port(
+    nats_url: str, tiny_model: Path, http: aiohttp.ClientSession
+) -> None:
+    service = GatewayService(settings(nats_url, tiny_model))
     async with asyncio.timeout(WAIT_S * 2):
         await service.start()
         url = service.url

@@ -16,8 +16,9 @@ from nats.aio.client import Client as NATS
 
 from protocol.messages import ChatMessage, RolloutStatus, SamplingParams, Task
 from services.generator.agent import AgentLoop
-from services.generator.tools import SandboxTools, ToolCallRequest, ToolInfraError
+from services.generator.tools import SandboxTools, ToolInfraError
 from services.model.tokens import ChatTokenizer
+from services.model.tool_format import ToolCallRequest
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings

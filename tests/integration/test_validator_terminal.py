@@ -27,8 +27,9 @@ from services.domains import DomainRegistry
 from services.domains.terminal.base import Made
 from services.domains.terminal.family import TEMPLATES, domain, problem
 from services.generator.agent import AgentLoop
-from services.generator.tools import SandboxTools, ToolCallRequest, WorkspaceUnsaved
+from services.generator.tools import SandboxTools, WorkspaceUnsaved
 from services.model.tokens import ChatTokenizer
+from services.model.tool_format import ToolCallRequest
 from services.runtime.settings import RuntimeSettings
 from services.sandbox.service import SandboxService
 from services.sandbox.settings import Limits, SandboxSettings

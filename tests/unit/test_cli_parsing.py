@@ -357,8 +357,10 @@ def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
         "TEMPER_GENERATOR_SGLANG_URLS": "http://127.0.0.1:1",
         "TEMPER_LEARNER_MODEL": str(model.resolve()),
         "TEMPER_LEARNER_OUT_DIR": str(Path("run/learner").resolve()),
+        "TEMPER_GATEWAY_MODEL": str(model.resolve()),
     }
     assert policy_env(args, ("control",)) == {}
+    assert policy_env(args, ("gateway",))["TEMPER_GATEWAY_MODEL"] == str(model.resolve())
 
 
 def test_status_exit_code_forgives_a_gone_predecessor_not_a_gone_service() -> None:

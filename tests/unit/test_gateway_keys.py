@@ -10,7 +10,7 @@ import pytest
 from services import registry
 from services.gateway.errors import ApiError
 from services.gateway.keys import KeyRing, KeysError, TokenBucket, digest, key_id
-from services.gateway.service import GatewayService
+from services.gateway.service import GatewayModelError, GatewayService
 from services.gateway.settings import GatewaySettings
 
 ALPHA = "sk-alpha-0123456789abcdef"
@@ -183,10 +183,13 @@ def test_a_zero_rate_is_unlimited() -> None:
     assert all(bucket.take(0.0) == 0.0 for _ in range(1000))
 
 
-def test_temper_serve_gateway_builds_it_from_the_environment(tmp_path: Path) -> None:
+def test_temper_serve_gateway_builds_it_from_the_environment(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     path = tmp_path / "keys.toml"
     path.write_text(f'[[keys]]\nkey = "{ALPHA}"\ntenant = "acme"\n')
     env = {
+        "TEMPER_GATEWAY_MODEL": str(tiny_model),
         "TEMPER_GATEWAY_KEYS_FILE": str(path),
         "TEMPER_GATEWAY_KEYS": json.dumps({"keys": [{"key": BETA, "tenant": "beta"}]}),
         "TEMPER_GATEWAY_PORT": "0",
@@ -199,6 +202,8 @@ def test_temper_serve_gateway_builds_it_from_the_environment(tmp_path: Path) -> 
     assert BETA not in repr(service.settings)
     with pytest.raises(KeysError, match="no API keys"):
         registry.build("gateway", {})
+    with pytest.raises(GatewayModelError, match="TEMPER_GATEWAY_MODEL"):
+        registry.build("gateway", {k: v for k, v in env.items() if k != "TEMPER_GATEWAY_MODEL"})
 
 
 def test_temper_up_starts_it_only_when_its_keys_file_is_set() -> None:

@@ -24,9 +24,10 @@ from services.engines.engine import (
     Sample,
 )
 from services.generator.agent import AgentLoop
-from services.generator.tools import LocalTools, ToolInfraError, ToolSession, parse_tool_call
+from services.generator.tools import LocalTools, ToolInfraError, ToolSession
 from services.generator.trajectory import LoopLimits
 from services.model.tokens import ChatTokenizer
+from services.model.tool_format import parse_tool_call
 from tests.engines import ScriptedTurns
 
 

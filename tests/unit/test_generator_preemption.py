@@ -22,9 +22,10 @@ from services.domains.retry import RetryPolicy
 from services.generator import retries
 from services.generator.agent import AgentLoop
 from services.generator.scheduling.preemption import Preemption, preemptible
-from services.generator.tools import ToolCallRequest, ToolInfraError, ToolOutcome
+from services.generator.tools import ToolInfraError, ToolOutcome
 from services.generator.trajectory import Trajectory
 from services.model.tokens import ChatTokenizer
+from services.model.tool_format import ToolCallRequest
 from services.runtime.priority import PriorityGate
 from tests.unit.test_generator_agent import ScriptedEngine
 

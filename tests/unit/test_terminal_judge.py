@@ -17,13 +17,13 @@ from services.domains.api import SANDBOX_FILES
 from services.domains.terminal.family import TEMPLATES
 from services.generator.agent import AgentLoop
 from services.generator.tools import (
-    ToolCallRequest,
     ToolInfraError,
     ToolOutcome,
     ToolSession,
     WorkspaceUnsaved,
 )
 from services.model.tokens import ChatTokenizer
+from services.model.tool_format import ToolCallRequest
 from services.validator.base import InfraFailure, InvalidRollout
 from services.validator.sessions import WorkspaceLost
 from services.validator.terminal import HiddenTest, checks_of

@@ -1,0 +1,111 @@
+"""``POST /v1/temper/sessions/{name}/reward``: the caller's reward closes a session, whose
+trajectories then go on the bus as scored rollouts, to the replay buffer and the learner
+like any other work.
+
+The body is ``{"reward": r}`` (every trajectory) or ``{"rewards": [r0, r1, ...]}`` (one
+per trajectory, in the order they began).  A reward is a finite number in the range the
+learner accepts for a domain it does not know, -1 to 1.  Each rollout is published with
+its id as ``Nats-Msg-Id``: a session sent twice lands once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from protocol import subjects
+from protocol.messages import ScoredRollout, ScoreStatus
+from services.gateway.errors import ApiError
+from services.gateway.requests import invalid
+from services.gateway.rollouts import to_rollouts
+from services.gateway.sessions import Session, SessionStore
+from services.runtime.bus import Bus
+
+#: The range the learner accepts for a domain it does not know (reward_bounds).
+LOW, HIGH = -1.0, 1.0
+Reward = Annotated[float, Meta(ge=LOW, le=HIGH)]
+
+
+class RewardRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    reward: Reward | None = None
+    rewards: Annotated[list[Reward], Meta(min_length=1)] | None = None
+
+
+_DECODER = msgspec.json.Decoder(RewardRequest)
+#: Who scored a session's rollouts (``ScoredRollout.validator``).
+VALIDATOR = "gateway"
+
+
+class Rewards:
+    def __init__(self, bus: Bus, sessions: SessionStore, domain: str) -> None:
+        self._bus = bus
+        self._sessions = sessions
+        self._domain = domain
+        self.published = 0
+
+    async def close(self, key_id: str, name: str, body: bytes) -> dict[str, Any]:
+        """Score the session ``name`` of the key and publish it; what was published."""
+        request = _parse(body)
+        session = self._sessions.get(key_id, name)
+        if session is None:
+            raise ApiError(
+                404, f"no open session {name!r} for this key", param="session", code="no_session"
+            )
+        rewards = _rewards(request, len(session.trajectories))
+        self._sessions.close(key_id, name)
+        ids = await self._publish(session, rewards)
+        return {"object": "temper.session", "id": session.id, "name": name, "rollouts": ids}
+
+    async def _publish(self, session: Session, rewards: list[float]) -> list[str]:
+        now = time.time()
+        rollouts = to_rollouts(session, domain=self._domain, created_at=now)
+        for rollout, reward in zip(rollouts, rewards, strict=True):
+            scored = ScoredRollout(
+                id=rollout.id,
+                rollout=rollout,
+                reward=reward,
+                status=ScoreStatus.SCORED,
+                validator=VALIDATOR,
+                scored_at=now,
+            )
+            subject = subjects.scored(self._domain, rollout.task.id)
+            await self._bus.publish(subject, scored, msg_id=scored.id)
+            self.published += 1
+        return [r.id for r in rollouts]
+
+
+def _parse(body: bytes) -> RewardRequest:
+    try:
+        request = _DECODER.decode(body)
+    except msgspec.ValidationError as error:
+        raise invalid(str(error)) from None
+    except msgspec.DecodeError as error:
+        raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None
+    if (request.reward is None) == (request.rewards is None):
+        raise ApiError(
+            400, "give one of `reward` and `rewards`", param="reward", code="invalid_value"
+        )
+    return request
+
+
+def _rewards(request: RewardRequest, trajectories: int) -> list[float]:
+    if trajectories == 0:
+        raise ApiError(409, "the session has no recorded call yet", code="empty_session")
+    if request.rewards is None:
+        assert request.reward is not None
+        return [request.reward] * trajectories
+    if len(request.rewards) != trajectories:
+        raise ApiError(
+            422,
+            f"`rewards` has {len(request.rewards)} numbers; the session has "
+            f"{trajectories} trajectories",
+            param="rewards",
+            code="invalid_value",
+        )
+    if not all(math.isfinite(r) for r in request.rewards):
+        raise ApiError(422, "`rewards` must be finite", param="rewards", code="invalid_value")
+    return list(request.rewards)
