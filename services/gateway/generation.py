@@ -124,7 +124,7 @@ class Generation:
             tools=False,
         )
         samples = await self._generate(plan, key)
-        answer = self._answer("cmpl", len(prompt), bool(request.logprobs))
+        answer = self._answer("cmpl", len(prompt), request.logprobs is not None)
         if request.stream:
             return Served(chunks=answer.completion_chunks(samples))
         return Served(body=answer.completion(samples))

@@ -132,6 +132,8 @@ def parse_chat(body: bytes) -> ChatCompletionRequest:
         raise ApiError(
             400, "`top_logprobs` needs `logprobs: true`", param="top_logprobs", code="invalid_value"
         )
+    if request.top_logprobs:
+        raise _no_alternatives("top_logprobs")
     if request.tool_choice not in (None, "none") and not request.tools:
         raise ApiError(
             400, "`tool_choice` needs `tools`", param="tool_choice", code="invalid_value"
@@ -140,7 +142,22 @@ def parse_chat(body: bytes) -> ChatCompletionRequest:
 
 
 def parse_completion(body: bytes) -> CompletionRequest:
-    return _parse(body, CompletionRequest)
+    request = _parse(body, CompletionRequest)
+    if request.logprobs:
+        raise _no_alternatives("logprobs")
+    return request
+
+
+def _no_alternatives(param: str) -> ApiError:
+    """The engines return the sampled token's log-probability, not the alternatives."""
+    return ApiError(
+        400,
+        f"`{param}` above 0 asks for the most likely alternatives of each token, which the "
+        "engines do not return; the sampled tokens' log-probabilities are given with "
+        "`logprobs` (chat: true, completions: 0)",
+        param=param,
+        code="unsupported_value",
+    )
 
 
 def _parse(body: bytes, kind: type[R]) -> R:

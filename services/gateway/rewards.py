@@ -93,8 +93,7 @@ def _parse(body: bytes) -> RewardRequest:
 
 
 def _rewards(request: RewardRequest, trajectories: int) -> list[float]:
-    if trajectories == 0:
-        raise ApiError(409, "the session has no recorded call yet", code="empty_session")
+    # A session opens with its first recorded call: it has a trajectory at least.
     if request.rewards is None:
         assert request.reward is not None
         return [request.reward] * trajectories

@@ -213,6 +213,35 @@ async def test_a_valid_call_with_no_generator_to_answer_is_a_504(
     assert (status, shaped(body)["param"]) == (400, "X-Temper-Session")
 
 
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        (b"{", 400, "invalid_json", None),
+        (b"{}", 400, "invalid_value", "reward"),
+        (b'{"reward": 1, "rewards": [1]}', 400, "invalid_value", "reward"),
+        (b'{"reward": 1.5}', 422, "invalid_value", "reward"),
+        (b'{"rewards": []}', 422, "invalid_value", "rewards"),
+        (b'{"reward": "high"}', 422, "invalid_type", "reward"),
+        (b'{"reward": 1, "bonus": 2}', 400, "unsupported_parameter", "bonus"),
+        # Well formed, but no such session is open under this key.
+        (b'{"reward": 1}', 404, "no_session", "session"),
+    ],
+)
+async def test_a_bad_reward_is_refused_with_its_reason(
+    gateway: GatewayService,
+    http: aiohttp.ClientSession,
+    body: bytes,
+    status: int,
+    code: str,
+    param: str | None,
+) -> None:
+    path = "/v1/temper/sessions/nobody/reward"
+    got, answer, _ = await call(http, gateway, "POST", path, data=body)
+    error = shaped(answer)
+    assert (got, error["code"], error["param"]) == (status, code, param)
+    assert gateway.statistics().get("rollouts_published", 0) == 0
+
+
 async def test_models_lists_the_served_policy_and_follows_its_updates(
     nats_url: str, tiny_model: Path, gateway: GatewayService, http: aiohttp.ClientSession
 ) -> None:

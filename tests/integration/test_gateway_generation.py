@@ -27,6 +27,7 @@ from tests.integration.support import client, runtime
 from tests.integration.test_generator_service import _settings as generator_settings
 
 KEY = "sk-gen-0123456789abcdef"
+OTHER_KEY = "sk-other-0123456789abcdef"
 MODEL = "temper-policy"
 SESSION = "agent-7"
 TOOLS = [
@@ -74,7 +75,14 @@ async def stack(nats_url: str, tiny_model: Path) -> AsyncIterator[GatewayService
         port=0,
         model_id=MODEL,
         model=tiny_model,
-        keys=json.dumps({"keys": [{"key": KEY, "tenant": "acme", "rate_per_s": 0}]}),
+        keys=json.dumps(
+            {
+                "keys": [
+                    {"key": KEY, "tenant": "acme", "rate_per_s": 0},
+                    {"key": OTHER_KEY, "tenant": "rival", "rate_per_s": 0},
+                ]
+            }
+        ),
         call_timeout_s=60,
         max_tokens=12,
     )
@@ -220,6 +228,10 @@ async def test_a_reward_publishes_the_session_as_scored_rollouts_once(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2
     )
     [result] = await answers.wait(1)
+    # A session is its key's: another key's reward for the same name finds none.
+    rival = openai_client(stack).with_options(api_key=OTHER_KEY)
+    with pytest.raises(Exception, match="no open session"):
+        await rival.post(f"/temper/sessions/{SESSION}/reward", body={"reward": 1}, cast_to=object)
     # The reward route is Temper's own: posted through the client's plain JSON call.
     reward = await openai.post(
         f"/temper/sessions/{SESSION}/reward", body={"rewards": [1.0, 0.25]}, cast_to=object

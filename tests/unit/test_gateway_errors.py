@@ -69,7 +69,7 @@ def test_a_full_chat_request_is_parsed() -> None:
             stop=["\n\n"],
             seed=3,
             logprobs=True,
-            top_logprobs=2,
+            top_logprobs=0,
             stream=True,
             user="alice",
         )
@@ -79,7 +79,7 @@ def test_a_full_chat_request_is_parsed() -> None:
     assert (request.temperature, request.n, request.top_logprobs, request.user) == (
         0.7,
         2,
-        2,
+        0,
         "alice",
     )
     assert request.stream and request.tool_choice is not None
@@ -87,11 +87,14 @@ def test_a_full_chat_request_is_parsed() -> None:
 
 def test_a_completion_takes_text_or_token_ids() -> None:
     assert parse_completion(b'{"model": "m", "prompt": "hi"}').prompt == "hi"
-    assert parse_completion(b'{"model": "m", "prompt": [1, 2, 3], "logprobs": 1}').prompt == [
+    assert parse_completion(b'{"model": "m", "prompt": [1, 2, 3], "logprobs": 0}').prompt == [
         1,
         2,
         3,
     ]
+    # The alternatives of each token are more than the engines return.
+    error = refused(b'{"model": "m", "prompt": [1], "logprobs": 1}', parse_completion)
+    assert (error.status, error.param, error.code) == (400, "logprobs", "unsupported_value")
     error = refused(b'{"model": "m", "prompt": ["a", "b"]}', parse_completion)
     assert (error.status, error.param) == (422, "prompt[0]")
 
@@ -160,6 +163,7 @@ def test_a_missing_parameter_is_400_and_named() -> None:
     ("fields", "param"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
         ({"max_tokens": 5, "max_completion_tokens": 5}, "max_completion_tokens"),
         ({"tool_choice": "required"}, "tool_choice"),
     ],
