@@ -31,7 +31,7 @@ from services.gateway.sessions import (
     SessionError,
     SessionStore,
 )
-from services.model.tokens import ChatTokenizer
+from services.model.chat_template import TemplateTokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +70,7 @@ class Generation:
     def __init__(
         self,
         *,
-        tokenizer: ChatTokenizer,
+        tokenizer: TemplateTokenizer,
         calls: Calls,
         sessions: SessionStore,
         limits: Limits,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.requests import ChatMessageIn, ToolCallIn, ToolSpec
-from services.model.tokens import ChatTokenizer
+from services.model.chat_template import TemplateTokenizer
 from services.model.tool_format import TOOL_CALL_END, TOOL_CALL_START
 
 #: A message as the chat template reads it.
@@ -40,7 +40,9 @@ class Answered:
 
 
 def template_messages(
-    messages: Sequence[ChatMessageIn], tools: Sequence[ToolSpec] | None, tokenizer: ChatTokenizer
+    messages: Sequence[ChatMessageIn],
+    tools: Sequence[ToolSpec] | None,
+    tokenizer: TemplateTokenizer,
 ) -> list[TemplateMessage]:
     """OpenAI messages as the template reads them: text content, ``developer`` as
     ``system``, an assistant's tool calls in the model's own format, and the tools
@@ -86,7 +88,7 @@ class Prompter:
     """Builds a call's prompt ids, extending a remembered answer when the call goes on
     from one."""
 
-    def __init__(self, tokenizer: ChatTokenizer) -> None:
+    def __init__(self, tokenizer: TemplateTokenizer) -> None:
         self.tokenizer = tokenizer
         self.extended = 0
         self.rendered = 0

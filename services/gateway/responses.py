@@ -15,7 +15,7 @@ from typing import Any
 from protocol.messages import CallResult, FinishReason, Rollout, RolloutStatus
 from services.gateway import errors
 from services.gateway.errors import ApiError
-from services.model.tokens import ChatTokenizer
+from services.model.chat_template import TemplateTokenizer
 from services.model.tool_format import parse_tool_calls
 
 
@@ -41,7 +41,7 @@ class Sample:
 
 
 def samples_of(
-    result: CallResult, *, tokenizer: ChatTokenizer, tools: bool, fallback_version: int
+    result: CallResult, *, tokenizer: TemplateTokenizer, tools: bool, fallback_version: int
 ) -> list[Sample]:
     """The call's samples in order; a failed one refuses the whole call."""
     for rollout in result.rollouts:
@@ -59,7 +59,7 @@ def _check(rollout: Rollout) -> None:
     raise errors.generation_failed(str(rollout.error))
 
 
-def _sample(rollout: Rollout, tokenizer: ChatTokenizer, tools: bool, version: int) -> Sample:
+def _sample(rollout: Rollout, tokenizer: TemplateTokenizer, tools: bool, version: int) -> Sample:
     ids = [int(i) for i in rollout.completion_ids]
     text = rollout.completion_text
     parsed = parse_tool_calls(text) if tools else None
@@ -88,7 +88,7 @@ class Answer:
     prompt_tokens: int
     #: The token strings of the log-probabilities, when asked for.
     logprobs: bool
-    tokenizer: ChatTokenizer
+    tokenizer: TemplateTokenizer
 
     def usage(self, samples: Sequence[Sample]) -> dict[str, int]:
         completion = sum(len(s.ids) for s in samples)

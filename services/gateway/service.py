@@ -28,7 +28,7 @@ from services.gateway.keys import KeyRing
 from services.gateway.rewards import Rewards
 from services.gateway.sessions import SessionStore
 from services.gateway.settings import GatewaySettings
-from services.model.tokens import ChatTokenizer
+from services.model.chat_template import TemplateTokenizer
 from services.runtime.policy import last_policy_update
 from services.runtime.responder import Request
 from services.runtime.service import Service
@@ -198,7 +198,7 @@ class GatewayService(Service):
         return values
 
 
-def _tokenizer(model: Path | None) -> ChatTokenizer:
+def _tokenizer(model: Path | None) -> TemplateTokenizer:
     if model is None:
         raise GatewayModelError(
             "the gateway needs the policy's model directory (TEMPER_GATEWAY_MODEL), the one "
@@ -206,7 +206,7 @@ def _tokenizer(model: Path | None) -> ChatTokenizer:
         )
     if not (model / "config.json").is_file():
         raise GatewayModelError(f"TEMPER_GATEWAY_MODEL {model}: not a model directory")
-    return ChatTokenizer.load(model)
+    return TemplateTokenizer.load(model)
 
 
 def _context_length(model: Path | None) -> int:

@@ -16,7 +16,7 @@ from services.gateway.prompts import (
     tools_key,
 )
 from services.gateway.requests import ChatMessageIn, ToolSpec
-from services.model.tokens import ChatTokenizer
+from services.model.chat_template import TemplateTokenizer
 
 TOOLS = msgspec.convert(
     [
@@ -33,15 +33,15 @@ TOOLS = msgspec.convert(
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model: Path) -> ChatTokenizer:
-    return ChatTokenizer.load(tiny_model)
+def tokenizer(tiny_model: Path) -> TemplateTokenizer:
+    return TemplateTokenizer.load(tiny_model)
 
 
 def messages(*items: dict[str, object]) -> list[ChatMessageIn]:
     return msgspec.convert(list(items), list[ChatMessageIn])
 
 
-def test_openai_messages_become_what_the_template_reads(tokenizer: ChatTokenizer) -> None:
+def test_openai_messages_become_what_the_template_reads(tokenizer: TemplateTokenizer) -> None:
     chat = template_messages(
         messages(
             {"role": "developer", "content": "Be brief."},
@@ -74,7 +74,7 @@ def test_openai_messages_become_what_the_template_reads(tokenizer: ChatTokenizer
 
 
 def _answered(
-    tokenizer: ChatTokenizer, chat: list[dict[str, str]], sampled: str, content: str
+    tokenizer: TemplateTokenizer, chat: list[dict[str, str]], sampled: str, content: str
 ) -> Answered:
     prompt = tokenizer.encode(tokenizer.render_text(chat))
     return Answered(
@@ -100,7 +100,7 @@ def _answered(
     ],
 )
 def test_a_next_turn_extends_the_sampled_ids_and_reads_as_the_template_writes_it(
-    tokenizer: ChatTokenizer, sampled: str, content: str
+    tokenizer: TemplateTokenizer, sampled: str, content: str
 ) -> None:
     first = [{"role": "user", "content": "2 + 3?"}]
     answer = _answered(tokenizer, first, sampled, content)
@@ -117,7 +117,7 @@ def test_a_next_turn_extends_the_sampled_ids_and_reads_as_the_template_writes_it
 
 
 def test_a_call_that_rewrites_history_or_its_tools_is_rendered_whole(
-    tokenizer: ChatTokenizer,
+    tokenizer: TemplateTokenizer,
 ) -> None:
     first = [{"role": "user", "content": "2 + 3?"}]
     answer = _answered(tokenizer, first, "5<|im_end|>", "5")
