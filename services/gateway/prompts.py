@@ -17,10 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.domains.formats import tool_instructions
 from services.gateway.requests import ChatMessageIn, ToolCallIn, ToolSpec
 from services.model.chat_template import TemplateTokenizer
 from services.model.tool_format import TOOL_CALL_END, TOOL_CALL_START
 
+#: Tools ``tool_instructions`` describes itself.
+DESCRIBED = frozenset({"python"})
 #: A message as the chat template reads it.
 TemplateMessage = dict[str, str]
 
@@ -46,28 +49,29 @@ def template_messages(
 ) -> list[TemplateMessage]:
     """OpenAI messages as the template reads them: text content, ``developer`` as
     ``system``, an assistant's tool calls in the model's own format, and the tools
-    described in a system message when the template does not write them itself."""
+    described at the start of the system message when the template does not write them
+    itself (as the warm-up taught Temper's own policies: their instructions first)."""
     chat = [_template_message(m) for m in messages]
     if tools and not tokenizer.renders_tools:
         described = tools_prompt(tools)
         if chat and chat[0]["role"] == "system":
-            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{described}"}
+            chat[0] = {"role": "system", "content": f"{described} {chat[0]['content']}"}
         else:
             chat.insert(0, {"role": "system", "content": described})
     return chat
 
 
 def tools_prompt(tools: Sequence[ToolSpec]) -> str:
-    """The tools, and how to call one, for a template that has no place for them."""
-    lines = [
-        "You can call these tools. To call one, write "
-        f'{TOOL_CALL_START}{{"name": "<tool>", "arguments": {{...}}}}{TOOL_CALL_END}.'
-    ]
+    """The tools, and how to call one, for a template that has no place for them: the
+    instructions the warm-up teaches, then the schema of each tool they do not cover."""
+    text = tool_instructions(tuple(t.function.name for t in tools))
     for tool in tools:
         spec = tool.function
+        if spec.name in DESCRIBED:
+            continue
         parameters = json.dumps(spec.parameters or {}, sort_keys=True)
-        lines.append(f"- {spec.name}: {spec.description or ''} Arguments: {parameters}".strip())
-    return "\n".join(lines)
+        text += f"\n- {spec.name}: {spec.description or ''} Arguments: {parameters}".rstrip()
+    return text
 
 
 def assistant_text(content: str, calls: Sequence[tuple[str, str]]) -> str:

@@ -8,12 +8,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from services.domains.formats import tool_instructions
 from services.gateway.prompts import (
     Answered,
     Prompter,
     assistant_text,
     template_messages,
     tools_key,
+    tools_prompt,
 )
 from services.gateway.requests import ChatMessageIn, ToolSpec
 from services.model.chat_template import TemplateTokenizer
@@ -61,9 +63,12 @@ def test_openai_messages_become_what_the_template_reads(tokenizer: TemplateToken
         TOOLS,
         tokenizer,
     )
-    # The tiny policy's template has no place for tools: they join the system message.
-    assert chat[0]["role"] == "system" and chat[0]["content"].startswith("Be brief.\n\n")
-    assert '- python: Runs code. Arguments: {"properties"' in chat[0]["content"]
+    # The tiny policy's template has no place for tools: the instructions its warm-up
+    # teaches come first in the system message, as in the tool domains' prompts.
+    assert chat[0] == {
+        "role": "system",
+        "content": f"{tool_instructions(('python',))} Be brief.",
+    }
     assert chat[1] == {"role": "user", "content": "ab"}
     # A call as the model writes it, its arguments as compact JSON.
     assert chat[2] == {
@@ -133,6 +138,25 @@ def test_a_call_that_rewrites_history_or_its_tools_is_rendered_whole(
     assert (prompter.extended, prompter.rendered) == (0, 3)
     prompter.prompt(kept, tools_key(None), [answer])
     assert prompter.extended == 1
+
+
+def test_a_tool_the_instructions_do_not_cover_is_described_by_its_schema() -> None:
+    shell = msgspec.convert(
+        [
+            {
+                "function": {
+                    "name": "grep",
+                    "description": "Searches.",
+                    "parameters": {"type": "object"},
+                }
+            }
+        ],
+        list[ToolSpec],
+    )
+    text = tools_prompt([*TOOLS, *shell])
+    assert text.startswith(tool_instructions(("python", "grep")))
+    assert text.endswith('\n- grep: Searches. Arguments: {"type": "object"}')
+    assert "- python:" not in text
 
 
 def test_an_assistant_turn_is_written_in_the_models_call_format() -> None:
