@@ -31,7 +31,11 @@ def test_every_builtin_service_runs_with_temper_serve(name: str) -> None:
     assert _env(spec)["TEMPER_NATS_URL"] == "nats://nats:4222"
 
 
-@pytest.mark.parametrize("name", sorted(registry.BUILTIN))
+#: Services compose runs only when asked (a profile), with their settings checked too.
+ON_PROFILE = {"gateway": "gateway"}
+
+
+@pytest.mark.parametrize("name", sorted({*registry.BUILTIN, *ON_PROFILE}))
 def test_settings_passed_by_compose_are_real_fields(name: str) -> None:
     env = _env(SERVICES[name])
     settings_cls = registry.settings_type(registry.lookup(name).load())
@@ -42,6 +46,15 @@ def test_settings_passed_by_compose_are_real_fields(name: str) -> None:
             assert key in read, key
     settings = from_env(settings_cls, prefix, env)
     assert settings.runtime.nats_url == "nats://nats:4222"
+
+
+@pytest.mark.parametrize(("name", "profile"), sorted(ON_PROFILE.items()))
+def test_a_service_on_request_runs_only_with_its_profile(name: str, profile: str) -> None:
+    spec = SERVICES[name]
+    assert spec["profiles"] == [profile] and spec["command"] == ["serve", name]
+    assert all("profiles" not in SERVICES[n] for n in registry.BUILTIN)
+    host = yaml.safe_load((ROOT / "deploy" / "compose" / "host.yml").read_text())
+    assert host["services"][name]["network_mode"] == "host"
 
 
 def test_build_context_has_what_the_dockerfile_copies() -> None:

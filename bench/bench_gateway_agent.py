@@ -1,0 +1,246 @@
+"""An OpenAI agent trained through the gateway: its reward against wall clock, with and
+without the rewards reaching the learner, side by side in one run.
+
+``examples/openai_agent.py`` (the official ``openai`` client, a local python tool,
+several turns) answers modular powers through Temper's gateway, each problem one session
+of ``--attempts`` conversations.  Every problem is new when the agent meets it, so each
+reward is measured on a problem never trained on.  The stack (``temper up``: generator,
+replay buffer, learner, gateway) starts from the same policy twice:
+
+- **control**: the agent posts no reward, so the learner never steps and the policy
+  stays as it started: what the start policy scores, with its noise;
+- **trained**: the agent posts its rewards, which close each session into scored
+  rollouts the learner trains on while the agent goes on.
+
+Printed for both: problems solved, mean reward per window of problems, learner steps,
+and the ratio of the trained run's last window to the control's mean; the curves go to
+a PNG (``--plot``).  Figures are printed, never asserted.
+
+    python bench/bench_gateway_agent.py --model DIR --minutes 8 --plot docs/img/gateway_agent.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-bench-0123456789abcdef"
+TEMPER = Path(sys.executable).with_name("temper")
+
+
+def load_agent() -> ModuleType:
+    path = ROOT / "examples" / "openai_agent.py"
+    spec = importlib.util.spec_from_file_location("openai_agent", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Run:
+    name: str
+    rewards: list[float] = field(default_factory=list)
+    elapsed: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    def windows(self, size: int) -> list[float]:
+        chunks = [self.rewards[i : i + size] for i in range(0, len(self.rewards), size)]
+        return [statistics.fmean(c) for c in chunks if len(c) == size]
+
+
+class Stack:
+    """``temper up`` with the services an agent trains through, from a copy of ``model``."""
+
+    def __init__(self, model: Path, args: argparse.Namespace) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gateway-agent-"))
+        shutil.copytree(model, self.dir / "model")
+        (self.dir / "keys.toml").write_text(f'[[keys]]\nkey = "{KEY}"\ntenant = "bench"\n')
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "TEMPER_GATEWAY_KEYS_FILE": str(self.dir / "keys.toml"),
+            "TEMPER_GATEWAY_PORT": str(self.port),
+            "TEMPER_GATEWAY_MAX_TOKENS": str(args.max_tokens),
+            "TEMPER_GATEWAY_RATE_PER_S": "0",
+            "TEMPER_LEARNER_BATCH_SIZE": str(args.batch),
+            "TEMPER_LEARNER_MIN_SAMPLES": str(args.batch),
+            "TEMPER_LEARNER_LR": str(args.lr),
+            "TEMPER_LEARNER_MAX_STALENESS": "4",
+        }
+        services = ["generator", "replay", "learner", "gateway", "control"]
+        command = [
+            str(TEMPER),
+            "up",
+            "--run-dir",
+            str(self.dir),
+            "--model",
+            str(self.dir / "model"),
+        ]
+        command += [x for s in services for x in ("--service", s)]
+        command += ["--nats-port", str(free_port()), "--no-metrics"]
+        self.log = (self.dir / "up.log").open("w")
+        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"temper up ended: see {self.dir / 'up.log'}")
+            try:
+                self.version()
+                return
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError(f"the gateway did not answer within {timeout_s:g} s")
+
+    def version(self) -> int:
+        request = urllib.request.Request(
+            f"{self.url}/models", headers={"Authorization": f"Bearer {KEY}"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return int(json.load(answer)["data"][0]["policy_version"])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def drive(stack: Stack, run: Run, args: argparse.Namespace, *, reward: bool) -> None:
+    """The agent on new problems until the clock runs out."""
+    from openai import AsyncOpenAI
+
+    agent = load_agent()
+    started = time.monotonic()
+    index = 0
+    while time.monotonic() - started < args.minutes * 60:
+        [problem] = agent.problems(1, seed=args.seed * 100_003 + index)
+        session = f"{run.name}-{index}"
+        client = AsyncOpenAI(
+            base_url=stack.url,
+            api_key=KEY,
+            default_headers={"X-Temper-Session": session},
+            max_retries=0,
+            timeout=120,
+        )
+        outcome = await agent.solve(
+            client,
+            "temper-policy",
+            problem,
+            attempts=args.attempts,
+            max_turns=args.max_turns,
+            stream=False,
+        )
+        if reward:
+            await agent.reward(client, session, outcome.rewards)
+        run.rewards.append(statistics.fmean(outcome.rewards))
+        run.elapsed.append(time.monotonic() - started)
+        index += 1
+    run.steps = stack.version()
+
+
+def one_run(name: str, args: argparse.Namespace, *, reward: bool) -> Run:
+    run = Run(name)
+    stack = Stack(args.model, args)
+    try:
+        stack.wait_ready()
+        asyncio.run(drive(stack, run, args, reward=reward))
+    finally:
+        stack.stop()
+    return run
+
+
+def report(runs: list[Run], window: int) -> None:
+    control, trained = runs
+    base = statistics.fmean(control.rewards) if control.rewards else 0.0
+    for run in runs:
+        windows = run.windows(window)
+        shown = ", ".join(f"{w:.2f}" for w in windows)
+        print(
+            f"{run.name:8} {len(run.rewards)} problems, {run.steps} learner steps, "
+            f"mean reward {statistics.fmean(run.rewards):.3f}; per {window} problems: {shown}"
+        )
+    last = trained.windows(window)[-1:] or [0.0]
+    ratio = last[0] / base if base else float("inf")
+    print(f"trained last window / control mean: {last[0]:.3f} / {base:.3f} = {ratio:.2f}x")
+
+
+def plot(runs: list[Run], window: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        means = [
+            statistics.fmean(run.rewards[max(0, i - window + 1) : i + 1])
+            for i in range(len(run.rewards))
+        ]
+        minutes = [t / 60 for t in run.elapsed]
+        axes.plot(minutes, means, label=f"{run.name} ({run.steps} learner steps)")
+    axes.set_xlabel("minutes")
+    axes.set_ylabel(f"agent reward (mean of the last {window} problems)")
+    axes.set_title("examples/openai_agent.py through the gateway, new problems only")
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="start policy directory")
+    parser.add_argument("--minutes", type=float, default=8.0, help="per run")
+    parser.add_argument("--attempts", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=32, help="learner samples per step")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--window", type=int, default=25, help="problems per window")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args(argv)
+    runs = [one_run("control", args, reward=False), one_run("trained", args, reward=True)]
+    report(runs, args.window)
+    if args.plot is not None:
+        plot(runs, args.window, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
