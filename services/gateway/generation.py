@@ -182,7 +182,9 @@ class Generation:
         if plan.session is None:
             return None
         session = self.sessions.get(plan.owner.key_id, plan.session)
-        return None if session is None else session.continued(plan.prompt)
+        if session is None:
+            return None
+        return session.continued(plan.prompt, self._version(), self.sessions.max_staleness)
 
     def _record(self, plan: _Plan, samples: list[Sample]) -> None:
         if plan.session is None:

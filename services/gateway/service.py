@@ -55,7 +55,9 @@ class GatewayService(Service):
         self.keys = KeyRing.load(settings, clock)
         self.policy = ServedPolicy()
         self.sessions = SessionStore(
-            max_sessions=settings.max_sessions, max_trajectories=settings.max_trajectories
+            max_sessions=settings.max_sessions,
+            max_trajectories=settings.max_trajectories,
+            max_staleness=settings.max_staleness,
         )
         self.http = GatewayApp(settings, self.keys, self.policy, self.log)
         # A model that cannot be read stops the service before it connects.

@@ -152,6 +152,17 @@ class Trajectory:
             Segment(start=start, end=len(self.completion), kind=kind, version=version)
         )
 
+    @property
+    def oldest_version(self) -> int | None:
+        """The policy version of its oldest generated segment: staleness counts from it."""
+        versions = [s.version for s in self.segments if s.version is not None]
+        return min(versions) if versions else None
+
+    def fresh(self, version: int, max_staleness: int) -> bool:
+        """Whether a call at ``version`` may still add to it (0: no bound)."""
+        oldest = self.oldest_version
+        return not max_staleness or oldest is None or version - oldest <= max_staleness
+
     def fork(self) -> Trajectory:
         return Trajectory(
             prompt=list(self.prompt),
@@ -189,9 +200,18 @@ class Session:
     def expired(self, now: float) -> bool:
         return now - self.last_active >= self.owner.timeout_s
 
-    def continued(self, prompt: Sequence[int]) -> int | None:
-        """The index of the longest trajectory ``prompt`` continues, or None."""
-        fits = [i for i, t in enumerate(self.trajectories) if t.continued_by(prompt)]
+    def continued(
+        self, prompt: Sequence[int], version: int = 0, max_staleness: int = 0
+    ) -> int | None:
+        """The index of the longest trajectory ``prompt`` continues, or None.  A trajectory
+        whose oldest segment is more than ``max_staleness`` versions behind ``version`` is
+        not continued: the learner would drop it whole as stale, so the call starts a new
+        one, with the earlier turns as its prompt (0: no bound)."""
+        fits = [
+            i
+            for i, t in enumerate(self.trajectories)
+            if t.continued_by(prompt) and t.fresh(version, max_staleness)
+        ]
         return max(fits, key=lambda i: self.trajectories[i].total, default=None)
 
 
@@ -212,10 +232,13 @@ class SessionStore:
         *,
         max_sessions: int,
         max_trajectories: int,
+        max_staleness: int = 0,
         new_id: Callable[[], str] = new_session_id,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_trajectories = max_trajectories
+        #: How many versions a trajectory may span and still be continued (0: any).
+        self.max_staleness = max_staleness
         self._new_id = new_id
         self._open: dict[tuple[str, str], Session] = {}
         self.expired_sessions = 0
@@ -230,7 +253,7 @@ class SessionStore:
 
     def record(self, owner: Owner, name: str, call: Call, now: float) -> Recorded:
         session = self._session(owner, name, now)
-        found = session.continued(call.prompt)
+        found = session.continued(call.prompt, call.version, self.max_staleness)
         added = len(call.choices) - (1 if found is not None else 0)
         if len(session.trajectories) + added > self.max_trajectories:
             raise SessionFull(

@@ -45,6 +45,10 @@ class GatewaySettings:
     #: Open sessions at most (all keys together), and trajectories in one session.
     max_sessions: int = 10_000
     max_trajectories: int = 64
+    #: A trajectory whose oldest turn is more versions behind than this is not continued
+    #: (the learner would drop it whole); the call starts a new one.  Set it to the
+    #: learner's ``max_staleness``; 0: no bound.
+    max_staleness: int = 0
     #: How often expired sessions are looked for.
     reap_s: float = 1.0
 
@@ -59,6 +63,8 @@ class GatewaySettings:
             raise ValueError("rate_per_s must be at least 0 and burst at least 1")
         if self.session_timeout_s <= 0 or self.reap_s <= 0:
             raise ValueError("session_timeout_s and reap_s must be positive")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be at least 0, not {self.max_staleness}")
         if self.max_sessions < 1 or self.max_trajectories < 1:
             raise ValueError("max_sessions and max_trajectories must be at least 1")
         if not self.model_id:

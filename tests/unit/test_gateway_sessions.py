@@ -45,6 +45,7 @@ def store(**bounds: int) -> SessionStore:
     return SessionStore(
         max_sessions=bounds.get("max_sessions", 100),
         max_trajectories=bounds.get("max_trajectories", 8),
+        max_staleness=bounds.get("max_staleness", 0),
         new_id=lambda: next(ids),
     )
 
@@ -82,6 +83,24 @@ def test_a_prompt_that_extends_the_last_call_token_for_token_continues_it() -> N
         Segment(start=5, end=7, kind="gen", version=4),
     ]
     assert (trajectory.calls, trajectory.text) == (2, "text30")
+
+
+def test_a_trajectory_too_stale_to_train_is_not_continued_a_new_one_starts() -> None:
+    sessions = store(max_staleness=2)
+    sessions.record(ALICE, "s", call(SYSTEM, C1, version=3), now=0.0)
+    # Two versions on: still within the bound, the trajectory goes on.
+    assert sessions.record(ALICE, "s", call(SYSTEM + C1 + TOOL, C2, version=5), now=1.0).continued
+    session = sessions.get(ALICE.key_id, "s")
+    assert session is not None and session.trajectories[0].oldest_version == 3
+    # Three versions past its oldest turn: the learner would drop it whole.
+    prompt = SYSTEM + C1 + TOOL + C2 + TOOL
+    late = sessions.record(ALICE, "s", call(prompt, [40], version=6), now=2.0)
+    assert (late.continued, late.trajectories) == (False, (1,))
+    fresh = session.trajectories[1]
+    # The earlier turns are its prompt, context only; what it trains on is this call's.
+    assert (fresh.prompt, fresh.completion, fresh.mask) == (prompt, [40], [1])
+    assert session.continued([*prompt, 40, 7], version=6, max_staleness=2) == 1
+    assert session.continued([*prompt, 40, 7], version=6) == 1  # no bound: longest fits
 
 
 def test_a_prompt_equal_to_the_last_prompt_plus_completion_continues_without_a_gap() -> None:
