@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 
 SYSTEM = "Reply with the final answer as <answer>...</answer>."
 TOOLS: list[dict[str, Any]] = [
@@ -49,7 +49,7 @@ TOOLS: list[dict[str, Any]] = [
 ]
 ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
 #: What a tool output may hold at most (the rest is cut, as a sandbox cuts it).
-MAX_OUTPUT = 2000
+MAX_OUTPUT = 500
 
 
 @dataclass(frozen=True)
@@ -192,12 +192,24 @@ async def solve(
         going = [a for a in outcome.attempts if not a.done]
         if not going:
             break
-        replies = await asyncio.gather(
-            *(ask(client, model, a.messages, n=1, stream=stream) for a in going)
-        )
-        for attempt, [message] in zip(going, replies, strict=True):
-            act(attempt, message, problem)
+        replies = await asyncio.gather(*(_next_turn(client, model, a, stream) for a in going))
+        for attempt, message in zip(going, replies, strict=True):
+            if message is not None:
+                act(attempt, message, problem)
     return outcome
+
+
+async def _next_turn(
+    client: AsyncOpenAI, model: str, attempt: Attempt, stream: bool
+) -> dict[str, Any] | None:
+    """The attempt's next assistant turn; None when the server refuses to go on (the
+    conversation outgrew the model's context): the attempt ends unanswered."""
+    try:
+        [message] = await ask(client, model, attempt.messages, n=1, stream=stream)
+    except BadRequestError:
+        attempt.done = True
+        return None
+    return message
 
 
 async def reward(client: AsyncOpenAI, session: str, rewards: Sequence[float]) -> Any:
@@ -213,23 +225,23 @@ async def main(args: argparse.Namespace) -> int:
     total = 0.0
     for index, problem in enumerate(problems(args.problems, args.seed)):
         session = f"{args.session_prefix}-{index}"
-        client = AsyncOpenAI(
+        async with AsyncOpenAI(
             base_url=args.base_url,
             api_key=args.api_key,
             default_headers={"X-Temper-Session": session},
             max_retries=0,
             timeout=args.timeout,
-        )
-        outcome = await solve(
-            client,
-            args.model,
-            problem,
-            attempts=args.attempts,
-            max_turns=args.max_turns,
-            stream=args.stream,
-        )
-        if not args.no_reward:
-            await reward(client, session, outcome.rewards)
+        ) as client:
+            outcome = await solve(
+                client,
+                args.model,
+                problem,
+                attempts=args.attempts,
+                max_turns=args.max_turns,
+                stream=args.stream,
+            )
+            if not args.no_reward:
+                await reward(client, session, outcome.rewards)
         mean = sum(outcome.rewards) / len(outcome.rewards)
         total += mean
         line = {

@@ -90,6 +90,9 @@ class Calls:
             tenant=request.tenant,
             prompt_tokens=pack_i32(request.prompt),
             sampling=request.sampling,
+            # The gateway checked it against the model's context; a generator's own default
+            # budget (for its tasks) does not cut a call short.
+            max_total_tokens=len(request.prompt) + request.sampling.max_tokens,
             n=request.n,
             created_at=now,
             # A generator refuses a call nobody waits for any more.

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 
 from protocol import subjects
 from protocol.codec import Codec
@@ -248,3 +248,29 @@ async def test_a_reward_publishes_the_session_as_scored_rollouts_once(
     with pytest.raises(Exception, match="no open session"):
         await openai.post(f"/temper/sessions/{SESSION}/reward", body={"reward": 1}, cast_to=object)
     assert stack.statistics()["rollouts_published"] == 2
+
+
+async def test_a_call_over_the_models_context_is_refused_before_it_is_generated(
+    stack: GatewayService, answers: Tap
+) -> None:
+    openai = openai_client(stack, session="long")
+    with pytest.raises(BadRequestError) as refused:
+        await openai.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=10**6
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "context_length_exceeded"
+    assert error["param"] == "messages" and "context is" in error["message"]
+    assert answers.got == [] and stack.statistics().get("calls_sent", 0) == 0
+
+
+async def test_a_long_call_gets_the_models_context_not_a_generators_task_budget(
+    stack: GatewayService, answers: Tap
+) -> None:
+    # Past the generator's default budget for its own tasks (2048), within the model's.
+    prompt = [7] * 2100
+    openai = openai_client(stack, session="long-prompt")
+    reply = await openai.completions.create(model=MODEL, prompt=prompt, max_tokens=3)
+    [result] = await answers.wait(1)
+    assert reply.usage is not None and reply.usage.prompt_tokens == 2100
+    assert engine_sample(result)[0] == prompt

@@ -1,0 +1,243 @@
+"""What the gateway adds to a call, side by side in one run: the same tiny completion
+asked through the gateway (the official ``openai`` client, HTTP, the chat template, the
+session record) and asked directly on the bus (the task with its ``GatewayCall`` a
+generator answers, the gateway's own path without the gateway).
+
+One stack (``temper up``: nats-server, a generator on the tiny policy, the gateway),
+``--sessions`` callers at once, each making calls one after the other, every call its
+own session (recorded, never rewarded).  Per call: wall time at the caller, p50 and p99,
+for both paths; the engine's own time (the rollout's ``generate_s``) beside them; and
+calls/s.  Rounds alternate the two paths; each figure is printed per round and as the
+range over rounds.
+
+Goals (issue 30): p50 added <= 2 ms, p99 added <= 10 ms, throughput through the gateway
+>= 0.8x direct.  Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+
+from protocol import subjects
+from protocol.codec import Codec, encode
+from protocol.messages import CallResult, GatewayCall, SamplingParams, Task
+from protocol.packed import pack_i32
+from services.model.chat_template import TemplateTokenizer
+
+KEY = "sk-bench-0123456789abcdef"
+TEMPER = Path(sys.executable).with_name("temper")
+MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
+RESULTS: Codec[CallResult] = Codec(CallResult)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Round:
+    path: str
+    latencies: list[float] = field(default_factory=list)
+    engine: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.elapsed_s
+
+
+class Stack:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+        subprocess.run([str(TEMPER), "model", "init", str(self.dir / "model")], check=True)
+        (self.dir / "keys.toml").write_text(f'[[keys]]\nkey = "{KEY}"\ntenant = "bench"\n')
+        self.port, self.nats_port = free_port(), free_port()
+        env = {
+            **os.environ,
+            "TEMPER_GATEWAY_KEYS_FILE": str(self.dir / "keys.toml"),
+            "TEMPER_GATEWAY_PORT": str(self.port),
+            "TEMPER_GATEWAY_RATE_PER_S": "0",
+            "TEMPER_GENERATOR_MAX_CONCURRENT_TASKS": str(args.sessions),
+        }
+        command = [
+            str(TEMPER),
+            "up",
+            "--run-dir",
+            str(self.dir),
+            "--model",
+            str(self.dir / "model"),
+        ]
+        for service in ("generator", "gateway", "control"):
+            command += ["--service", service]
+        command += ["--nats-port", str(self.nats_port), "--no-metrics"]
+        self.log = (self.dir / "up.log").open("w")
+        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.tokenizer = TemplateTokenizer.load(self.dir / "model")
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/models", headers={"Authorization": f"Bearer {KEY}"}
+        )
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"temper up ended: see {self.dir / 'up.log'}")
+            try:
+                urllib.request.urlopen(request, timeout=5).close()
+                return
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError("the gateway did not answer")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def through_gateway(stack: Stack, args: argparse.Namespace) -> Round:
+    from openai import AsyncOpenAI
+
+    found = Round("gateway")
+    async with AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{stack.port}/v1", api_key=KEY, max_retries=0, timeout=60
+    ) as client:
+
+        async def caller(index: int) -> None:
+            for call in range(args.calls):
+                started = time.perf_counter()
+                await client.chat.completions.create(
+                    model="temper-policy",
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                    max_tokens=args.max_tokens,
+                    seed=call,
+                    extra_headers={"X-Temper-Session": f"s{index}-{call}-{uuid.uuid4().hex[:6]}"},
+                )
+                found.latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(args.sessions)))
+        found.elapsed_s = time.perf_counter() - started
+    return found
+
+
+async def direct(stack: Stack, args: argparse.Namespace) -> Round:
+    found = Round("direct")
+    prompt = stack.tokenizer.encode(stack.tokenizer.render_text(MESSAGES))
+    nc = await nats.connect(f"nats://127.0.0.1:{stack.nats_port}")
+    js = nc.jetstream()
+    waiting: dict[str, asyncio.Future[CallResult]] = {}
+
+    async def answered(msg: nats.aio.msg.Msg) -> None:
+        result = RESULTS.decode(msg.data)
+        waiting.pop(result.task_id).set_result(result)
+
+    await nc.subscribe(subjects.gateway_replies("bench-direct"), cb=answered)
+
+    async def caller(index: int) -> None:
+        for call in range(args.calls):
+            task_id = f"direct-{uuid.uuid4().hex}"
+            task = Task(
+                id=task_id,
+                domain="gateway",
+                tenant="bench",
+                prompt_tokens=pack_i32(prompt),
+                sampling=SamplingParams(max_tokens=args.max_tokens, seed=call),
+                call=GatewayCall(
+                    reply=subjects.gateway_reply("bench-direct", task_id), new_samples=1
+                ),
+            )
+            started = time.perf_counter()
+            answer = waiting[task_id] = asyncio.get_running_loop().create_future()
+            await js.publish(subjects.of_task(task), encode(task), headers={"Nats-Msg-Id": task_id})
+            result = await answer
+            found.latencies.append(time.perf_counter() - started)
+            found.engine.append(result.rollouts[0].timings.generate_s)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(args.sessions)))
+        found.elapsed_s = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return found
+
+
+def report(rounds: list[Round]) -> None:
+    for item in rounds:
+        engine = (
+            f", engine p50 {statistics.median(item.engine) * 1000:.1f} ms" if item.engine else ""
+        )
+        print(
+            f"{item.path:8} {len(item.latencies)} calls, p50 {item.p(0.5):.1f} ms, "
+            f"p99 {item.p(0.99):.1f} ms, {item.rate:.1f} calls/s{engine}"
+        )
+    pairs = list(zip(rounds[0::2], rounds[1::2], strict=True))
+    added50 = [g.p(0.5) - d.p(0.5) for d, g in pairs]
+    added99 = [g.p(0.99) - d.p(0.99) for d, g in pairs]
+    ratio = [g.rate / d.rate for d, g in pairs]
+    print(
+        f"added by the gateway, over {len(pairs)} rounds: p50 {min(added50):.1f} to "
+        f"{max(added50):.1f} ms (goal <= 2), p99 {min(added99):.1f} to {max(added99):.1f} ms "
+        f"(goal <= 10); throughput gateway/direct {min(ratio):.2f} to {max(ratio):.2f}x "
+        f"(goal >= 0.8)"
+    )
+
+
+async def measure(stack: Stack, args: argparse.Namespace) -> list[Round]:
+    warm = argparse.Namespace(**{**vars(args), "calls": 2})
+    await direct(stack, warm)
+    await through_gateway(stack, warm)
+    rounds: list[Round] = []
+    for _ in range(args.rounds):
+        rounds.append(await direct(stack, args))
+        rounds.append(await through_gateway(stack, args))
+    return rounds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=64, help="callers at once")
+    parser.add_argument("--calls", type=int, default=8, help="calls per caller and round")
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    stack = Stack(args)
+    try:
+        stack.wait_ready()
+        rounds = asyncio.run(measure(stack, args))
+    finally:
+        stack.stop()
+    report(rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
