@@ -52,12 +52,36 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of one process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def service_pids(parent: int) -> dict[str, int]:
+    """The services ``temper up`` started, by name (``temper serve NAME``)."""
+    found = {"bench client": os.getpid()}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == parent and b"serve" in words:
+            found[words[words.index(b"serve") + 1].decode()] = int(entry.name)
+    return found
+
+
 @dataclass
 class Round:
     path: str
     latencies: list[float] = field(default_factory=list)
     engine: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: CPU seconds each process spent in the round.
+    cpu: dict[str, float] = field(default_factory=dict)
 
     def p(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -199,6 +223,11 @@ def report(rounds: list[Round]) -> None:
             f"{item.path:8} {len(item.latencies)} calls, p50 {item.p(0.5):.1f} ms, "
             f"p99 {item.p(0.99):.1f} ms, {item.rate:.1f} calls/s{engine}"
         )
+        shares = ", ".join(
+            f"{name} {seconds * 1000 / len(item.latencies):.1f}"
+            for name, seconds in sorted(item.cpu.items())
+        )
+        print(f"         CPU ms per call: {shares}")
     pairs = list(zip(rounds[0::2], rounds[1::2], strict=True))
     added50 = [g.p(0.5) - d.p(0.5) for d, g in pairs]
     added99 = [g.p(0.99) - d.p(0.99) for d, g in pairs]
@@ -215,10 +244,14 @@ async def measure(stack: Stack, args: argparse.Namespace) -> list[Round]:
     warm = argparse.Namespace(**{**vars(args), "calls": 2})
     await direct(stack, warm)
     await through_gateway(stack, warm)
+    pids = service_pids(stack.proc.pid)
     rounds: list[Round] = []
     for _ in range(args.rounds):
-        rounds.append(await direct(stack, args))
-        rounds.append(await through_gateway(stack, args))
+        for path in (direct, through_gateway):
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            found = await path(stack, args)
+            found.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+            rounds.append(found)
     return rounds
 
 
