@@ -157,7 +157,7 @@ class Generation:
 
     async def _generate(self, plan: _Plan, key: KeyPolicy) -> list[Sample]:
         found = self._continued(plan)
-        route = f"{plan.session or 'call'}/{found if found is not None else 'new'}"
+        route = self._route(plan, found)
         request = CallRequest(
             prompt=plan.prompt,
             sampling=plan.sampling,
@@ -177,6 +177,17 @@ class Generation:
         )
         self._record(plan, samples)
         return samples
+
+    def _route(self, plan: _Plan, found: int | None) -> str:
+        """The routing key of the trajectory a call continues or starts (the index it has
+        or will have in its session), so that each later turn goes to the server holding
+        its prefix; a call outside any session is routed by its own task id."""
+        if plan.session is None:
+            return ""
+        if found is None:
+            session = self.sessions.get(plan.owner.key_id, plan.session)
+            found = 0 if session is None else len(session.trajectories)
+        return f"{plan.session}/{found}"
 
     def _continued(self, plan: _Plan) -> int | None:
         if plan.session is None:

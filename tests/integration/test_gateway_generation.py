@@ -160,6 +160,8 @@ async def test_the_next_turn_extends_the_trajectory_token_for_token(
     messages += [{"role": "tool", "tool_call_id": "call_0", "content": "83810205"}]
     second = await openai.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
     one, two = await answers.wait(2)
+    # Both turns routed as the one trajectory: the server with its prefix serves both.
+    assert [r.rollouts[0].task.call.route for r in (one, two)] == [f"{SESSION}/0"] * 2
     prompt1, completion1, _ = engine_sample(one)
     prompt2, completion2, logprobs2 = engine_sample(two)
     # Turn 2's prompt is turn 1's prompt and sampled ids, never re-tokenized, then the rest.
@@ -186,10 +188,11 @@ async def test_a_rewritten_history_starts_a_new_trajectory(
     await openai.chat.completions.create(
         model=MODEL, messages=[*messages, edited, {"role": "user", "content": "Again."}]
     )
-    await answers.wait(2)
+    got = await answers.wait(2)
     session = stack.sessions.get(stack.keys.lookup(KEY).key_id, SESSION)
     assert session is not None and len(session.trajectories) == 2
     assert stack.statistics()["prompts_extended"] == 0
+    assert [r.rollouts[0].task.call.route for r in got] == [f"{SESSION}/0", f"{SESSION}/1"]
 
 
 async def test_a_streamed_call_sends_the_same_answer_in_chunks(
