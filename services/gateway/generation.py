@@ -52,6 +52,8 @@ class Limits:
     context: int
     #: Completion tokens when a request does not say.
     max_tokens: int
+    #: Token ids go below this (the model's vocabulary).
+    vocab: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +117,14 @@ class Generation:
         prompt = list(given) if isinstance(given, list) else self.tokenizer.encode(given)
         if not prompt:
             raise errors.ApiError(400, "the prompt is empty", param="prompt", code="invalid_value")
+        if max(prompt) >= self.limits.vocab:
+            raise errors.ApiError(
+                422,
+                f"`prompt`: token id {max(prompt)} is outside the model's vocabulary "
+                f"(ids below {self.limits.vocab})",
+                param="prompt",
+                code="invalid_value",
+            )
         plan = _Plan(
             prompt=prompt,
             sampling=self._sampling(request, request.max_tokens, prompt, tools=False),

@@ -62,7 +62,7 @@ class GatewayService(Service):
         self.http = GatewayApp(settings, self.keys, self.policy, self.log)
         # A model that cannot be read stops the service before it connects.
         self.tokenizer = _tokenizer(settings.model)
-        self.context = _context_length(settings.model)
+        self.context, self.vocab = _model_sizes(settings.model)
         self.calls: Calls | None = None
         self._http_runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -91,6 +91,7 @@ class GatewayService(Service):
             domain=settings.domain,
             context=self.context,
             max_tokens=settings.max_tokens,
+            vocab=self.vocab,
         )
         self.http.generation = Generation(
             tokenizer=self.tokenizer,
@@ -211,7 +212,8 @@ def _tokenizer(model: Path | None) -> TemplateTokenizer:
     return TemplateTokenizer.load(model)
 
 
-def _context_length(model: Path | None) -> int:
+def _model_sizes(model: Path | None) -> tuple[int, int]:
+    """The model's context length and vocabulary size, from its ``config.json``."""
     assert model is not None
     config: dict[str, Any] = json.loads((model / "config.json").read_text())
-    return int(config.get("max_position_embeddings", 4096))
+    return int(config.get("max_position_embeddings", 4096)), int(config["vocab_size"])

@@ -194,6 +194,17 @@ async def test_a_body_over_the_limit_is_413_before_it_is_read_whole(
     assert (await call(http, gateway, "GET", "/v1/models"))[0] == 200
 
 
+async def test_token_ids_outside_the_vocabulary_are_refused_before_any_generation(
+    gateway: GatewayService, http: aiohttp.ClientSession
+) -> None:
+    request = {"model": MODEL, "prompt": [1, 2, 10**6]}
+    status, body, _ = await call(http, gateway, "POST", "/v1/completions", json=request)
+    error = shaped(body)
+    assert (status, error["param"], error["code"]) == (422, "prompt", "invalid_value")
+    assert "outside the model's vocabulary" in error["message"]
+    assert gateway.statistics().get("calls_sent", 0) == 0
+
+
 async def test_a_valid_call_with_no_generator_to_answer_is_a_504(
     gateway: GatewayService, http: aiohttp.ClientSession
 ) -> None:
