@@ -200,8 +200,10 @@ def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, st
         "TEMPER_GENERATOR_ENGINE": args.engine,
         "TEMPER_LEARNER_MODEL": str(model),
         "TEMPER_LEARNER_OUT_DIR": str((args.run_dir / "learner").resolve()),
-        # The gateway tokenizes with the policy the generators serve.
+        # The gateway tokenizes with the policy the generators serve, and journals its
+        # open sessions under the run (lost ones are reported after a crash).
         "TEMPER_GATEWAY_MODEL": str(model),
+        "TEMPER_GATEWAY_STATE_DIR": str((args.run_dir / "gateway").resolve()),
     }
     if args.sglang_urls:
         env["TEMPER_GENERATOR_SGLANG_URLS"] = ",".join(args.sglang_urls)

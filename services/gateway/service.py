@@ -24,6 +24,7 @@ from protocol.messages import CallResult, PolicyUpdate
 from services.gateway.app import GatewayApp, ServedPolicy
 from services.gateway.calls import Calls
 from services.gateway.generation import Generation, Limits
+from services.gateway.journal import SessionJournal
 from services.gateway.keys import KeyRing
 from services.gateway.rewards import Rewards
 from services.gateway.sessions import SessionStore
@@ -54,10 +55,17 @@ class GatewayService(Service):
         # Bad keys stop the service before it connects, naming the entry.
         self.keys = KeyRing.load(settings, clock)
         self.policy = ServedPolicy()
+        self.journal = SessionJournal(
+            None if settings.state_dir is None else settings.state_dir / "sessions.journal"
+        )
+        #: Sessions a previous run of this gateway left open: lost, never trained on.
+        self.sessions_lost = 0
         self.sessions = SessionStore(
             max_sessions=settings.max_sessions,
             max_trajectories=settings.max_trajectories,
             max_staleness=settings.max_staleness,
+            on_open=self.journal.opened,
+            on_end=self.journal.ended,
         )
         self.http = GatewayApp(settings, self.keys, self.policy, self.log)
         # A model that cannot be read stops the service before it connects.
@@ -77,6 +85,9 @@ class GatewayService(Service):
         return f"http://{host}:{self.port}"
 
     async def setup(self) -> None:
+        self.sessions_lost = self.journal.recover()
+        if self.sessions_lost:
+            self.log.warning("sessions_lost", sessions=self.sessions_lost, reason="restart")
         await self._catch_up_policy()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
         self._connect_generation()
@@ -119,6 +130,7 @@ class GatewayService(Service):
 
     async def teardown(self) -> None:
         await self._close_http()
+        self.journal.close()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -190,6 +202,7 @@ class GatewayService(Service):
         for status, count in self.http.statuses.items():
             values[f"http_{status}"] = float(count)
         values.update(self.sessions.statistics())
+        values["sessions_lost"] = float(self.sessions_lost)
         if self.calls is not None:
             values.update(self.calls.statistics())
         generation = self.http.generation

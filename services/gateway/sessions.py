@@ -234,11 +234,16 @@ class SessionStore:
         max_trajectories: int,
         max_staleness: int = 0,
         new_id: Callable[[], str] = new_session_id,
+        on_open: Callable[[str], None] = lambda _: None,
+        on_end: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.max_sessions = max_sessions
         self.max_trajectories = max_trajectories
         #: How many versions a trajectory may span and still be continued (0: any).
         self.max_staleness = max_staleness
+        #: Told each session id as it opens, and as it ends (closed or expired).
+        self._on_open = on_open
+        self._on_end = on_end
         self._new_id = new_id
         self._open: dict[tuple[str, str], Session] = {}
         self.expired_sessions = 0
@@ -291,6 +296,7 @@ class SessionStore:
             raise TooManySessions(f"all {self.max_sessions} session slots are open")
         session = Session(id=self._new_id(), name=name, owner=owner, opened_at=now, last_active=now)
         self._open[key] = session
+        self._on_open(session.id)
         return session
 
     def close(self, key_id: str, name: str) -> Session | None:
@@ -298,6 +304,7 @@ class SessionStore:
         session = self._open.pop((key_id, name), None)
         if session is not None:
             self.closed_sessions += 1
+            self._on_end(session.id)
         return session
 
     def expire(self, now: float) -> int:
@@ -309,6 +316,7 @@ class SessionStore:
 
     def _drop(self, key: tuple[str, str]) -> None:
         session = self._open.pop(key)
+        self._on_end(session.id)
         self.expired_sessions += 1
         self.expired_calls += session.calls
 

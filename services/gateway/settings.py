@@ -49,6 +49,9 @@ class GatewaySettings:
     #: (the learner would drop it whole); the call starts a new one.  Set it to the
     #: learner's ``max_staleness``; 0: no bound.
     max_staleness: int = 0
+    #: Where the journal of open sessions is kept (a gateway killed with sessions open
+    #: reports them lost when it starts again); None: no journal.  One per instance.
+    state_dir: Path | None = None
     #: How often expired sessions are looked for.
     reap_s: float = 1.0
 

@@ -358,6 +358,7 @@ def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
         "TEMPER_LEARNER_MODEL": str(model.resolve()),
         "TEMPER_LEARNER_OUT_DIR": str(Path("run/learner").resolve()),
         "TEMPER_GATEWAY_MODEL": str(model.resolve()),
+        "TEMPER_GATEWAY_STATE_DIR": str(Path("run/gateway").resolve()),
     }
     assert policy_env(args, ("control",)) == {}
     assert policy_env(args, ("gateway",))["TEMPER_GATEWAY_MODEL"] == str(model.resolve())
