@@ -58,8 +58,9 @@ class GatewayService(Service):
         self.journal = SessionJournal(
             None if settings.state_dir is None else settings.state_dir / "sessions.journal"
         )
-        #: Sessions a previous run of this gateway left open: lost, never trained on.
-        self.sessions_lost = 0
+        #: Sessions a previous run of this gateway left open: lost, never trained on.  Read
+        #: before anything reports, so the first figures already count them.
+        self.sessions_lost = self.journal.recover()
         self.sessions = SessionStore(
             max_sessions=settings.max_sessions,
             max_trajectories=settings.max_trajectories,
@@ -85,7 +86,6 @@ class GatewayService(Service):
         return f"http://{host}:{self.port}"
 
     async def setup(self) -> None:
-        self.sessions_lost = self.journal.recover()
         if self.sessions_lost:
             self.log.warning("sessions_lost", sessions=self.sessions_lost, reason="restart")
         await self._catch_up_policy()

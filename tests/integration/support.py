@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -271,3 +273,16 @@ class Inbox:
                 message = await self.next_message(timeout_s)
                 if predicate(message):
                     return message
+
+
+async def serve(name: str, env: Mapping[str, str], log: Path) -> asyncio.subprocess.Process:
+    """``temper serve NAME`` as a real process (to be killed), its output appended to ``log``."""
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services", "serve", name),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=Path(__file__).resolve().parents[2],
+            env=dict(env),
+        )

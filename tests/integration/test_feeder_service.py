@@ -10,7 +10,6 @@ import dataclasses
 import os
 import random
 import signal
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -28,9 +27,8 @@ from services.feeder.service import FeederService
 from services.feeder.settings import FeederSettings
 from services.runtime.jetstream import ensure_streams
 from tests.factories import publish_scored, scored
-from tests.integration.support import client, runtime, stream_entries
+from tests.integration.support import client, runtime, serve, stream_entries
 
-REPO = Path(__file__).resolve().parents[2]
 TASKS = Codec(Task)
 STREAM = task_stream_name(DEFAULT_TIER)
 
@@ -181,7 +179,7 @@ async def test_kill_9_at_any_moment_neither_repeats_nor_skips_a_problem(
         scoring = asyncio.create_task(scorer.run(js))
         try:
             for kill in range(6):
-                scorer.feeder = await _start_feeder(env, tmp_path / "feeder.log")
+                scorer.feeder = await serve("feeder", env, tmp_path / "feeder.log")
                 # The last one runs on to the end of the second epoch.
                 more = 6 if kill < 5 else 2 * len(dataset.problems) + 3 - len(scorer.seen)
                 scorer.kill_at = len(scorer.seen) + more if kill < 5 else None
@@ -242,15 +240,3 @@ class Scorer:
         if self.feeder is not None and self.feeder.returncode is None:
             self.feeder.send_signal(signal.SIGKILL)
             await self.feeder.wait()
-
-
-async def _start_feeder(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services", "serve", "feeder"),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            cwd=REPO,
-            env=env,
-        )

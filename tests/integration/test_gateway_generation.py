@@ -103,14 +103,19 @@ async def answers(nc: NATS) -> Tap:
     return tap
 
 
-def openai_client(gateway: GatewayService, session: str = SESSION) -> AsyncOpenAI:
+def openai_at(url: str, key: str, session: str) -> AsyncOpenAI:
+    """The official client on a gateway at ``url``, every call in ``session``."""
     return AsyncOpenAI(
-        base_url=f"{gateway.url}/v1",
-        api_key=KEY,
+        base_url=f"{url}/v1",
+        api_key=key,
         default_headers={"X-Temper-Session": session},
         max_retries=0,
         timeout=60,
     )
+
+
+def openai_client(gateway: GatewayService, session: str = SESSION) -> AsyncOpenAI:
+    return openai_at(gateway.url, KEY, session)
 
 
 def engine_sample(result: CallResult, index: int = 0) -> tuple[list[int], list[int], list[float]]:

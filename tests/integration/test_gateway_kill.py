@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,27 +18,15 @@ from protocol import subjects
 from protocol.codec import Codec
 from protocol.messages import ScoredRollout, Stats
 from services.generator.service import GeneratorService
-from tests.integration.support import client
+from tests.integration.support import client, serve
 from tests.integration.test_cli_harness import free_port
-from tests.integration.test_gateway_generation import Tap
+from tests.integration.test_gateway_generation import Tap, openai_at
 from tests.integration.test_generator_service import _settings as generator_settings
 
 KEY = "sk-kill-0123456789abcdef"
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(300)
-
-
-async def spawn(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services", "serve", "gateway"),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            cwd=ROOT,
-            env=env,
-        )
 
 
 async def ready(openai: AsyncOpenAI, timeout_s: float = 60.0) -> None:
@@ -74,20 +61,14 @@ async def test_a_killed_gateway_loses_no_closed_session_and_reports_the_open_one
     }
 
     def agent(session: str) -> AsyncOpenAI:
-        return AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1",
-            api_key=KEY,
-            default_headers={"X-Temper-Session": session},
-            max_retries=0,
-            timeout=30,
-        )
+        return openai_at(f"http://127.0.0.1:{port}", KEY, session)
 
     chat = {"model": "temper-policy", "messages": [{"role": "user", "content": "Hi"}]}
     async with client(nats_url) as nc:
         scored, stats = Tap(Codec(ScoredRollout)), Tap(Codec(Stats))
         await nc.subscribe(subjects.scored_all(), cb=scored.on_msg)
         await nc.flush()
-        gateway = await spawn(env, tmp_path / "gateway.log")
+        gateway = await serve("gateway", env, tmp_path / "gateway.log")
         try:
             await ready(agent("closed"))
             await agent("closed").chat.completions.create(**chat, n=2)  # type: ignore[call-overload]
@@ -99,7 +80,7 @@ async def test_a_killed_gateway_loses_no_closed_session_and_reports_the_open_one
             gateway.send_signal(signal.SIGKILL)
             await gateway.wait()
             await nc.subscribe(subjects.stats("gateway"), cb=stats.on_msg)
-            gateway = await spawn(env, tmp_path / "gateway.log")
+            gateway = await serve("gateway", env, tmp_path / "gateway.log")
             await ready(agent("closed"))
             [first] = await stats.wait(1)
             # The closed session is gone from the new gateway, not re-sent by it.
