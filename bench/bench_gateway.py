@@ -19,15 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,16 +35,12 @@ from protocol.messages import CallResult, GatewayCall, SamplingParams, Task
 from protocol.packed import pack_i32
 from services.model.chat_template import TemplateTokenizer
 
-KEY = "sk-bench-0123456789abcdef"
-TEMPER = Path(sys.executable).with_name("temper")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gateway_stack import KEY, TEMPER, GatewayStack
+
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
 RESULTS: Codec[CallResult] = Codec(CallResult)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -92,67 +83,21 @@ class Round:
         return len(self.latencies) / self.elapsed_s
 
 
-class Stack:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-        subprocess.run([str(TEMPER), "model", "init", str(self.dir / "model")], check=True)
-        (self.dir / "keys.toml").write_text(f'[[keys]]\nkey = "{KEY}"\ntenant = "bench"\n')
-        self.port, self.nats_port = free_port(), free_port()
-        env = {
-            **os.environ,
-            "TEMPER_GATEWAY_KEYS_FILE": str(self.dir / "keys.toml"),
-            "TEMPER_GATEWAY_PORT": str(self.port),
-            "TEMPER_GATEWAY_RATE_PER_S": "0",
-            "TEMPER_GENERATOR_MAX_CONCURRENT_TASKS": str(args.sessions),
-        }
-        command = [
-            str(TEMPER),
-            "up",
-            "--run-dir",
-            str(self.dir),
-            "--model",
-            str(self.dir / "model"),
-        ]
-        for service in ("generator", "gateway", "control"):
-            command += ["--service", service]
-        command += ["--nats-port", str(self.nats_port), "--no-metrics"]
-        self.log = (self.dir / "up.log").open("w")
-        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.tokenizer = TemplateTokenizer.load(self.dir / "model")
+def stack_for(args: argparse.Namespace) -> GatewayStack:
+    """A generator and the gateway on a new tiny policy."""
+    env = {"TEMPER_GENERATOR_MAX_CONCURRENT_TASKS": str(args.sessions)}
 
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/models", headers={"Authorization": f"Bearer {KEY}"}
-        )
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"temper up ended: see {self.dir / 'up.log'}")
-            try:
-                urllib.request.urlopen(request, timeout=5).close()
-                return
-            except OSError:
-                time.sleep(1)
-        raise TimeoutError("the gateway did not answer")
+    def init(path: Path) -> None:
+        subprocess.run([str(TEMPER), "model", "init", str(path)], check=True)
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    return GatewayStack("bench-gateway-", ("generator", "gateway", "control"), env, init)
 
 
-async def through_gateway(stack: Stack, args: argparse.Namespace) -> Round:
+async def through_gateway(stack: GatewayStack, args: argparse.Namespace) -> Round:
     from openai import AsyncOpenAI
 
     found = Round("gateway")
-    async with AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{stack.port}/v1", api_key=KEY, max_retries=0, timeout=60
-    ) as client:
+    async with AsyncOpenAI(base_url=stack.url, api_key=KEY, max_retries=0, timeout=60) as client:
 
         async def caller(index: int) -> None:
             for call in range(args.calls):
@@ -172,9 +117,10 @@ async def through_gateway(stack: Stack, args: argparse.Namespace) -> Round:
     return found
 
 
-async def direct(stack: Stack, args: argparse.Namespace) -> Round:
+async def direct(stack: GatewayStack, args: argparse.Namespace) -> Round:
     found = Round("direct")
-    prompt = stack.tokenizer.encode(stack.tokenizer.render_text(MESSAGES))
+    tokenizer = TemplateTokenizer.load(stack.model)
+    prompt = tokenizer.encode(tokenizer.render_text(MESSAGES))
     nc = await nats.connect(f"nats://127.0.0.1:{stack.nats_port}")
     js = nc.jetstream()
     waiting: dict[str, asyncio.Future[CallResult]] = {}
@@ -240,7 +186,7 @@ def report(rounds: list[Round]) -> None:
     )
 
 
-async def measure(stack: Stack, args: argparse.Namespace) -> list[Round]:
+async def measure(stack: GatewayStack, args: argparse.Namespace) -> list[Round]:
     warm = argparse.Namespace(**{**vars(args), "calls": 2})
     await direct(stack, warm)
     await through_gateway(stack, warm)
@@ -262,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    stack = Stack(args)
+    stack = stack_for(args)
     try:
         stack.wait_ready()
         rounds = asyncio.run(measure(stack, args))

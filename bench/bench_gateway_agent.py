@@ -24,24 +24,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
-import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "sk-bench-0123456789abcdef"
-TEMPER = Path(sys.executable).with_name("temper")
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gateway_stack import KEY, TEMPER, GatewayStack  # noqa: E402
 
 
 def load_agent() -> ModuleType:
@@ -63,12 +59,6 @@ def warmed_up(run: Path) -> Path:
     return run / "model"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Run:
     name: str
@@ -81,74 +71,20 @@ class Run:
         return [statistics.fmean(c) for c in chunks if len(c) == size]
 
 
-class Stack:
-    """``temper up`` with the services an agent trains through, from a copy of ``model``."""
-
-    def __init__(self, model: Path, args: argparse.Namespace) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="gateway-agent-"))
-        shutil.copytree(model, self.dir / "model")
-        (self.dir / "keys.toml").write_text(f'[[keys]]\nkey = "{KEY}"\ntenant = "bench"\n')
-        self.port = free_port()
-        env = {
-            **os.environ,
-            "TEMPER_GATEWAY_KEYS_FILE": str(self.dir / "keys.toml"),
-            "TEMPER_GATEWAY_PORT": str(self.port),
-            "TEMPER_GATEWAY_MAX_TOKENS": str(args.max_tokens),
-            "TEMPER_GATEWAY_RATE_PER_S": "0",
-            "TEMPER_LEARNER_BATCH_SIZE": str(args.batch),
-            "TEMPER_LEARNER_MIN_SAMPLES": str(args.batch),
-            "TEMPER_LEARNER_LR": str(args.lr),
-            "TEMPER_LEARNER_MAX_STALENESS": "4",
-        }
-        services = ["generator", "replay", "learner", "gateway", "control"]
-        command = [
-            str(TEMPER),
-            "up",
-            "--run-dir",
-            str(self.dir),
-            "--model",
-            str(self.dir / "model"),
-        ]
-        command += [x for s in services for x in ("--service", s)]
-        command += ["--nats-port", str(free_port()), "--no-metrics"]
-        self.log = (self.dir / "up.log").open("w")
-        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"temper up ended: see {self.dir / 'up.log'}")
-            try:
-                self.version()
-                return
-            except OSError:
-                time.sleep(1)
-        raise TimeoutError(f"the gateway did not answer within {timeout_s:g} s")
-
-    def version(self) -> int:
-        request = urllib.request.Request(
-            f"{self.url}/models", headers={"Authorization": f"Bearer {KEY}"}
-        )
-        with urllib.request.urlopen(request, timeout=5) as answer:
-            return int(json.load(answer)["data"][0]["policy_version"])
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def stack_for(model: Path, args: argparse.Namespace) -> GatewayStack:
+    """The services an agent trains through, from a copy of ``model``."""
+    env = {
+        "TEMPER_GATEWAY_MAX_TOKENS": str(args.max_tokens),
+        "TEMPER_LEARNER_BATCH_SIZE": str(args.batch),
+        "TEMPER_LEARNER_MIN_SAMPLES": str(args.batch),
+        "TEMPER_LEARNER_LR": str(args.lr),
+        "TEMPER_LEARNER_MAX_STALENESS": "4",
+    }
+    services = ("generator", "replay", "learner", "gateway", "control")
+    return GatewayStack("gateway-agent-", services, env, lambda path: shutil.copytree(model, path))
 
 
-async def drive(stack: Stack, run: Run, args: argparse.Namespace, *, reward: bool) -> None:
+async def drive(stack: GatewayStack, run: Run, args: argparse.Namespace, *, reward: bool) -> None:
     """The agent on new problems until the clock runs out."""
     from openai import AsyncOpenAI
 
@@ -183,7 +119,7 @@ async def drive(stack: Stack, run: Run, args: argparse.Namespace, *, reward: boo
 
 def one_run(name: str, args: argparse.Namespace, *, reward: bool) -> Run:
     run = Run(name)
-    stack = Stack(args.model, args)
+    stack = stack_for(args.model, args)
     try:
         stack.wait_ready()
         asyncio.run(drive(stack, run, args, reward=reward))

@@ -13,7 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -286,3 +286,26 @@ async def serve(name: str, env: Mapping[str, str], log: Path) -> asyncio.subproc
             cwd=Path(__file__).resolve().parents[2],
             env=dict(env),
         )
+
+
+T = TypeVar("T")
+
+
+class Tap(Generic[T]):
+    """Every message of one type heard on a subscription, in arrival order."""
+
+    def __init__(self, codec: Codec[T]) -> None:
+        self.codec = codec
+        self.got: list[T] = []
+        self.changed = asyncio.Event()
+
+    async def on_msg(self, msg: Msg) -> None:
+        self.got.append(self.codec.decode(msg.data))
+        self.changed.set()
+
+    async def wait(self, count: int, timeout_s: float = 60.0) -> list[T]:
+        async with asyncio.timeout(timeout_s):
+            while len(self.got) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.got

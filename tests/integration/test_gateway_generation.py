@@ -6,7 +6,6 @@ session into scored rollouts on the bus."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from openai import AsyncOpenAI, BadRequestError
 
 from protocol import subjects
@@ -23,7 +21,7 @@ from protocol.messages import CallResult, Rollout, ScoredRollout
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from services.generator.service import GeneratorService
-from tests.integration.support import client, runtime
+from tests.integration.support import Tap, client, runtime
 from tests.integration.test_generator_service import _settings as generator_settings
 
 KEY = "sk-gen-0123456789abcdef"
@@ -40,26 +38,6 @@ TOOLS = [
         },
     }
 ]
-
-
-class Tap:
-    """Every message of one kind heard on a subject, in order."""
-
-    def __init__(self, codec: Codec[Any]) -> None:
-        self.codec = codec
-        self.got: list[Any] = []
-        self.changed = asyncio.Event()
-
-    async def on_msg(self, msg: Msg) -> None:
-        self.got.append(self.codec.decode(msg.data))
-        self.changed.set()
-
-    async def wait(self, count: int, timeout_s: float = 60.0) -> list[Any]:
-        async with asyncio.timeout(timeout_s):
-            while len(self.got) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.got
 
 
 @pytest.fixture

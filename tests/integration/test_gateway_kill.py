@@ -18,9 +18,9 @@ from protocol import subjects
 from protocol.codec import Codec
 from protocol.messages import ScoredRollout, Stats
 from services.generator.service import GeneratorService
-from tests.integration.support import client, serve
+from tests.integration.support import Tap, client, serve
 from tests.integration.test_cli_harness import free_port
-from tests.integration.test_gateway_generation import Tap, openai_at
+from tests.integration.test_gateway_generation import openai_at
 from tests.integration.test_generator_service import _settings as generator_settings
 
 KEY = "sk-kill-0123456789abcdef"

@@ -19,8 +19,8 @@ from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
-from tests.integration.support import client, runtime
-from tests.integration.test_gateway_generation import Tap, engine_sample
+from tests.integration.support import Tap, client, runtime
+from tests.integration.test_gateway_generation import engine_sample
 
 KEY = "sk-sglang-0123456789abcdef"
 

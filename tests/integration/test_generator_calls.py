@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from protocol import streams, subjects
 from protocol.codec import Codec
@@ -25,7 +24,7 @@ from protocol.messages import (
 from protocol.packed import pack_i32
 from services.generator.service import GeneratorService
 from services.model.tokens import ChatTokenizer
-from tests.integration.support import client, stream_count
+from tests.integration.support import Tap, client, stream_count
 from tests.integration.test_generator_service import RolloutTap, _settings, _submit
 
 RESULTS: Codec[CallResult] = Codec(CallResult)
@@ -35,23 +34,6 @@ RESULTS: Codec[CallResult] = Codec(CallResult)
 async def nc(nats_url: str) -> AsyncIterator[NATS]:
     async with client(nats_url) as conn:
         yield conn
-
-
-class Replies:
-    """What arrives on one gateway instance's reply subjects."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, CallResult]] = []
-        self.arrived = asyncio.Event()
-
-    async def on_msg(self, msg: Msg) -> None:
-        self.got.append((msg.subject, RESULTS.decode(msg.data)))
-        self.arrived.set()
-
-    async def first(self, timeout_s: float = 60.0) -> tuple[str, CallResult]:
-        async with asyncio.timeout(timeout_s):
-            await self.arrived.wait()
-        return self.got[0]
 
 
 def _call(task_id: str, prompt: list[int], *, n: int, new_samples: int) -> Task:
@@ -74,8 +56,9 @@ def _call(task_id: str, prompt: list[int], *, n: int, new_samples: int) -> Task:
 async def test_a_call_is_answered_on_its_reply_subject_and_never_published(
     nats_url: str, nc: NATS, tiny_model: Path
 ) -> None:
-    replies, tap = Replies(), RolloutTap()
-    await nc.subscribe(subjects.gateway_replies("gw-test"), cb=replies.on_msg)
+    replies, tap = Tap(RESULTS), RolloutTap()
+    # Only the call's own reply subject: an answer sent anywhere else is never heard.
+    await nc.subscribe(subjects.gateway_reply("gw-test", "gw-call-1"), cb=replies.on_msg)
     await nc.subscribe(subjects.rollouts(), cb=tap.on_msg)
     await nc.flush()
     prompt = ChatTokenizer.load(tiny_model).render([ChatMessage(role="user", content="2 + 2?")])
@@ -83,11 +66,10 @@ async def test_a_call_is_answered_on_its_reply_subject_and_never_published(
     settings = _settings(nats_url, tiny_model, check_domains=True, admission_samples=8)
     async with GeneratorService(settings) as service:
         await _submit(nc.jetstream(), _call("gw-call-1", prompt, n=2, new_samples=1))
-        subject, result = await replies.first()
+        [result] = await replies.wait(1)
         await asyncio.sleep(0.3)  # room for a wrong publish to the rollout stream to land
         stats = service.statistics()
         reserved = service.admission.started
-    assert subject == subjects.gateway_reply("gw-test", "gw-call-1")
     assert result.task_id == "gw-call-1"
     assert [r.sample_index for r in result.rollouts] == [0, 1]
     for rollout in result.rollouts:

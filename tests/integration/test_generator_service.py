@@ -27,7 +27,7 @@ from services.generator.service import GeneratorService
 from services.generator.settings import GeneratorSettings
 from services.model.tiny import TinyModelSpec, init_model
 from services.model.weights import directory_digest
-from tests.integration.support import client, runtime, stream_count
+from tests.integration.support import Tap, client, runtime, stream_count
 
 ROLLOUTS: Codec[Rollout] = Codec(Rollout)
 
@@ -65,23 +65,11 @@ async def _submit(js: object, task: Task) -> None:
     )
 
 
-class RolloutTap:
+class RolloutTap(Tap[Rollout]):
     """Every rollout published while the tap is open, in arrival order."""
 
     def __init__(self) -> None:
-        self.got: list[Rollout] = []
-        self.changed = asyncio.Event()
-
-    async def on_msg(self, msg: Msg) -> None:
-        self.got.append(ROLLOUTS.decode(msg.data))
-        self.changed.set()
-
-    async def wait(self, count: int, timeout_s: float = 60.0) -> list[Rollout]:
-        async with asyncio.timeout(timeout_s):
-            while len(self.got) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.got
+        super().__init__(ROLLOUTS)
 
 
 @pytest.fixture

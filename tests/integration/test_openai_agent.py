@@ -24,8 +24,7 @@ from services.gateway.service import GatewayService
 from services.gateway.sessions import Trajectory
 from services.gateway.settings import GatewaySettings
 from services.generator.service import GeneratorService
-from tests.integration.support import client, runtime
-from tests.integration.test_gateway_generation import Tap
+from tests.integration.support import Tap, client, runtime
 from tests.integration.test_generator_service import _settings as generator_settings
 
 KEY = "sk-agent-0123456789abcdef"
