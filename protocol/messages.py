@@ -320,6 +320,16 @@ class CallResult(Message, tag="call_result"):
     rollouts: list[Rollout] = []
 
 
+class CallCancel(Message, tag="call_cancel"):
+    """The gateway gave up on a call (its client went away): the generator serving it
+    stops, frees its slot and answers nothing; one that has not started it drops it."""
+
+    task_id: str
+    #: Unix time after which the cancel no longer matters: the call's own deadline, past
+    #: which every generator refuses it anyway.
+    until: float
+
+
 # --------------------------------------------------------------------------- sandbox
 
 
@@ -833,6 +843,7 @@ AnyMessage = (
     Task
     | Rollout
     | CallResult
+    | CallCancel
     | SandboxExec
     | SandboxResult
     | SandboxOpen
@@ -876,7 +887,7 @@ def task_id_of(message: Message) -> str | None:
         return message.id
     if isinstance(message, Rollout):
         return message.task.id
-    if isinstance(message, CallResult):
+    if isinstance(message, CallResult | CallCancel):
         return message.task_id
     if isinstance(message, ScoredRollout):
         return message.rollout.task.id

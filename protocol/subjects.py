@@ -121,6 +121,12 @@ def gateway_reply(instance: str, task_id: str) -> str:
     return f"{PREFIX}.gateway.reply.{token(instance, 'instance')}.{token(task_id, 'task id')}"
 
 
+def gateway_cancel() -> str:
+    """Where a gateway says it gave up on a call (core: every generator hears it, and the
+    one serving the call stops)."""
+    return f"{PREFIX}.gateway.cancel"
+
+
 def gateway_replies(instance: str) -> str:
     """Every reply to one gateway instance's calls."""
     return f"{PREFIX}.gateway.reply.{token(instance, 'instance')}.>"

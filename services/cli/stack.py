@@ -207,10 +207,12 @@ def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, st
     }
     if args.sglang_urls:
         env["TEMPER_GENERATOR_SGLANG_URLS"] = ",".join(args.sglang_urls)
-    # The learner refuses rewards outside their domain's range: the validator's domains.
+    # The validator's domains are the learner's (it refuses rewards outside a domain's
+    # range) and the gateway's (the problems of sessions the validators score).
     validator_domains = os.environ.get("TEMPER_VALIDATOR_DOMAINS_CONFIG")
-    if validator_domains and "TEMPER_LEARNER_DOMAINS_CONFIG" not in os.environ:
-        env["TEMPER_LEARNER_DOMAINS_CONFIG"] = str(Path(validator_domains).resolve())
+    for reader in ("TEMPER_LEARNER_DOMAINS_CONFIG", "TEMPER_GATEWAY_DOMAINS_CONFIG"):
+        if validator_domains and reader not in os.environ:
+            env[reader] = str(Path(validator_domains).resolve())
     return env
 
 

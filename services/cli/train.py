@@ -323,8 +323,11 @@ def _done(plan: TrainPlan, clock: _Clock, steps: list[dict[str, Any]]) -> bool:
 
 async def _final_evaluation(loop: _Run, clock: _Clock) -> None:
     """Evaluate the last version once the evaluation in flight (if any) is in."""
-    say("training is done: final held-out evaluation")
     await loop.runner.drain(_FINAL_EVAL_S)
+    results = loop.runner.results
+    if results and results[-1].headline["version"] == loop.version():
+        return  # the last evaluation measured the final version already
+    say("training is done: final held-out evaluation")
     await loop.runner.submit(clock.elapsed())
     deadline = time.monotonic() + _FINAL_EVAL_S
     while loop.runner.busy and time.monotonic() < deadline:

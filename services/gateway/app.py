@@ -22,8 +22,9 @@ from aiohttp import web
 from protocol.messages import PolicyUpdate
 from services.gateway import errors
 from services.gateway.errors import ApiError
-from services.gateway.generation import Generation, Served
+from services.gateway.generation import Generation, Served, owner_of
 from services.gateway.keys import KeyPolicy, KeyRing, bearer, key_id
+from services.gateway.problems import Problems
 from services.gateway.requests import parse_chat, parse_completion
 from services.gateway.rewards import Rewards
 from services.gateway.sessions import SESSION_HEADER, BadSessionName, session_name
@@ -83,6 +84,8 @@ class GatewayApp:
         #: Set once the service is connected to the bus.
         self.generation: Generation | None = None
         self.rewards: Rewards | None = None
+        #: Problems of the domains whose validators score sessions (None: no domains).
+        self.problems: Problems | None = None
 
     def runner(self, shutdown_timeout_s: float) -> web.AppRunner:
         """The server of ``application()``; a stop waits ``shutdown_timeout_s`` at most
@@ -92,6 +95,9 @@ class GatewayApp:
             access_log=None,  # requests are logged here, keys by their id only
             logger=ServerLog(self.log),
             shutdown_timeout=shutdown_timeout_s,
+            # A client that goes away cancels its request: the call it waits for is
+            # cancelled on the generators too, and nothing of it is recorded.
+            handler_cancellation=True,
         )
 
     def application(self) -> web.Application:
@@ -107,6 +113,7 @@ class GatewayApp:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/temper/sessions/{session}/reward", self.reward)
+        app.router.add_post("/v1/temper/sessions/{session}/problem", self.problem)
         return app
 
     # ------------------------------------------------------------------ middleware
@@ -192,6 +199,19 @@ class GatewayApp:
             raise errors.generation_failed("the gateway is not connected to the bus yet")
         body = await self._body(request)
         return _json(await self.rewards.close(policy.key_id, name, body))
+
+    async def problem(self, request: web.Request) -> web.Response:
+        policy: KeyPolicy = request[_KEY]
+        name = self._session(request, request.match_info["session"])
+        assert name is not None
+        if self.problems is None:
+            raise ApiError(
+                404,
+                "this gateway hands out no problems (it has no domains)",
+                code="no_domains",
+            )
+        body = await self._body(request)
+        return _json(self.problems.bind(owner_of(policy), name, body))
 
     # ------------------------------------------------------------------ helpers
 

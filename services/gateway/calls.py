@@ -15,8 +15,10 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
+import nats.errors
+
 from protocol import subjects
-from protocol.messages import CallResult, GatewayCall, SamplingParams, Task
+from protocol.messages import CallCancel, CallResult, GatewayCall, SamplingParams, Task
 from protocol.packed import pack_i32
 from services.runtime.bus import Bus
 
@@ -77,8 +79,22 @@ class Calls:
         except TimeoutError:
             self.counts["timed_out"] += 1
             raise CallTimeout(f"no generator answered within {self.timeout_s:g} s") from None
+        except asyncio.CancelledError:
+            # The client went away: the generator serving the call stops and frees its
+            # place (a generator that has not started it drops it).
+            self.counts["cancelled"] += 1
+            assert task.deadline is not None
+            await self._cancel(CallCancel(task_id=task.id, until=task.deadline))
+            raise
         finally:
             self._waiting.pop(task.id, None)
+
+    async def _cancel(self, message: CallCancel) -> None:
+        try:
+            await self._bus.emit(subjects.gateway_cancel(), message)
+        except (nats.errors.Error, OSError):
+            # Lost with the bus: the call's deadline still ends it.
+            self.counts["cancels_unsent"] += 1
 
     def _task(self, request: CallRequest) -> Task:
         task_id = f"gwc-{uuid.uuid4().hex}"

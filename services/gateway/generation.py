@@ -92,7 +92,7 @@ class Generation:
     ) -> Served:
         chat = template_messages(request.messages, request.tools, self.tokenizer)
         tools = tools_key(request.tools)
-        owner = _owner(key)
+        owner = owner_of(key)
         prompt = self.prompter.prompt(chat, tools, self._answered(owner, session))
         max_tokens = request.max_completion_tokens or request.max_tokens
         plan = _Plan(
@@ -130,7 +130,7 @@ class Generation:
             sampling=self._sampling(request, request.max_tokens, prompt, tools=False),
             n=request.n,
             session=session,
-            owner=_owner(key),
+            owner=owner_of(key),
             tools=False,
         )
         samples = await self._generate(plan, key)
@@ -263,5 +263,6 @@ class Generation:
         )
 
 
-def _owner(key: KeyPolicy) -> Owner:
+def owner_of(key: KeyPolicy) -> Owner:
+    """The owner of the sessions a key names."""
     return Owner(key_id=key.key_id, tenant=key.tenant, timeout_s=key.session_timeout_s)

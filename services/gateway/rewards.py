@@ -21,7 +21,7 @@ from protocol import subjects
 from protocol.messages import ScoredRollout, ScoreStatus
 from services.gateway.errors import ApiError
 from services.gateway.requests import invalid
-from services.gateway.rollouts import to_rollouts
+from services.gateway.rollouts import session_task, to_rollouts
 from services.gateway.sessions import Session, SessionStore
 from services.runtime.bus import Bus
 
@@ -55,14 +55,44 @@ class Rewards:
             raise ApiError(
                 404, f"no open session {name!r} for this key", param="session", code="no_session"
             )
+        if session.problem is not None:
+            return await self._validate(session, request)
+        if request.reward is None and request.rewards is None:
+            raise ApiError(
+                400, "give one of `reward` and `rewards`", param="reward", code="invalid_value"
+            )
         rewards = _rewards(request, len(session.trajectories))
         self._sessions.close(key_id, name)
         ids = await self._publish(session, rewards)
-        return {"object": "temper.session", "id": session.id, "name": name, "rollouts": ids}
+        return _closed(session, ids, scored_by=VALIDATOR)
+
+    async def _validate(self, session: Session, request: RewardRequest) -> dict[str, Any]:
+        """A session bound to a problem: its domain's validators score it, not the caller."""
+        problem = session.problem
+        assert problem is not None
+        if request.reward is not None or request.rewards is not None:
+            raise ApiError(
+                409,
+                f"session {session.name!r} answers a problem of {problem.domain.name!r}: its "
+                "validators score it; close it with an empty body ({})",
+                param="reward",
+                code="scored_by_validators",
+            )
+        self._sessions.close(session.owner.key_id, session.name)
+        ids: list[str] = []
+        if session.trajectories:
+            task = problem.task(session)
+            for rollout in to_rollouts(session, task=task, created_at=time.time()):
+                subject = subjects.rollout(task.domain)
+                await self._bus.publish(subject, rollout, msg_id=rollout.id)
+                self.published += 1
+                ids.append(rollout.id)
+        return _closed(session, ids, scored_by=problem.domain.name)
 
     async def _publish(self, session: Session, rewards: list[float]) -> list[str]:
         now = time.time()
-        rollouts = to_rollouts(session, domain=self._domain, created_at=now)
+        task = session_task(session, domain=self._domain)
+        rollouts = to_rollouts(session, task=task, created_at=now)
         for rollout, reward in zip(rollouts, rewards, strict=True):
             scored = ScoredRollout(
                 id=rollout.id,
@@ -85,11 +115,23 @@ def _parse(body: bytes) -> RewardRequest:
         raise invalid(str(error)) from None
     except msgspec.DecodeError as error:
         raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None
-    if (request.reward is None) == (request.rewards is None):
+    if request.reward is not None and request.rewards is not None:
         raise ApiError(
             400, "give one of `reward` and `rewards`", param="reward", code="invalid_value"
         )
     return request
+
+
+def _closed(session: Session, ids: list[str], *, scored_by: str) -> dict[str, Any]:
+    """The answer to a close: the session, its rollouts' ids and who scores them (the
+    gateway, for a caller's reward; else the domain whose validators do)."""
+    return {
+        "object": "temper.session",
+        "id": session.id,
+        "name": session.name,
+        "rollouts": ids,
+        "scored_by": scored_by,
+    }
 
 
 def _rewards(request: RewardRequest, trajectories: int) -> list[float]:

@@ -36,13 +36,10 @@ def session_task(session: Session, *, domain: str, tier: int = DEFAULT_TIER) -> 
     )
 
 
-def to_rollouts(
-    session: Session, *, domain: str, created_at: float, tier: int = DEFAULT_TIER
-) -> list[Rollout]:
-    """One Rollout per trajectory, in order; none for a session without a call."""
+def to_rollouts(session: Session, *, task: Task, created_at: float) -> list[Rollout]:
+    """One Rollout of ``task`` per trajectory, in order; none for a session without a call."""
     if not session.trajectories:
         return []
-    task = session_task(session, domain=domain, tier=tier)
     return [
         _rollout(task, index, trajectory, created_at)
         for index, trajectory in enumerate(session.trajectories)

@@ -21,11 +21,13 @@ from aiohttp import web
 from protocol import subjects
 from protocol.codec import Codec
 from protocol.messages import CallResult, PolicyUpdate
+from services.domains.registry import DomainRegistry, load_registry
 from services.gateway.app import GatewayApp, ServedPolicy
 from services.gateway.calls import Calls
 from services.gateway.generation import Generation, Limits
 from services.gateway.journal import SessionJournal
 from services.gateway.keys import KeyRing
+from services.gateway.problems import Problems
 from services.gateway.rewards import Rewards
 from services.gateway.sessions import SessionStore
 from services.gateway.settings import GatewaySettings
@@ -73,6 +75,8 @@ class GatewayService(Service):
         self.tokenizer = _tokenizer(settings.model)
         self.context, self.vocab = _model_sizes(settings.model)
         self.calls: Calls | None = None
+        #: The domains whose validators score sessions bound to their problems.
+        self.registry = DomainRegistry([])
         self._http_runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -88,6 +92,7 @@ class GatewayService(Service):
     async def setup(self) -> None:
         if self.sessions_lost:
             self.log.warning("sessions_lost", sessions=self.sessions_lost, reason="restart")
+        self.registry = await asyncio.to_thread(load_registry, self.settings.domains_config)
         await self._catch_up_policy()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
         self._connect_generation()
@@ -113,6 +118,7 @@ class GatewayService(Service):
             clock=self._clock,
         )
         self.http.rewards = Rewards(self.bus, self.sessions, settings.domain)
+        self.http.problems = Problems(self.registry, self.sessions, self._clock)
         self.calls = calls
 
     async def _on_answer(self, result: CallResult, _: Request) -> None:

@@ -22,9 +22,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from protocol.messages import FinishReason, Segment
+
+if TYPE_CHECKING:
+    from services.gateway.problems import BoundProblem
 
 #: The header that names a session; the request's ``user`` field is the fallback.
 SESSION_HEADER = "X-Temper-Session"
@@ -196,6 +199,8 @@ class Session:
     calls: int = 0
     #: What the gateway answered, to extend the next call's prompt from (its prompts room).
     notes: list[Any] = field(default_factory=list)
+    #: The problem it answers, when its domain's validators score it (its problems room).
+    problem: BoundProblem | None = None
 
     def expired(self, now: float) -> bool:
         return now - self.last_active >= self.owner.timeout_s
@@ -281,6 +286,10 @@ class SessionStore:
         return Recorded(
             session_id=session.id, trajectories=tuple(indices), continued=found is not None
         )
+
+    def open(self, owner: Owner, name: str, now: float) -> Session:
+        """The open session ``name`` of the owner's key, opened now if it is not."""
+        return self._session(owner, name, now)
 
     def _session(self, owner: Owner, name: str, now: float) -> Session:
         key = (owner.key_id, name)

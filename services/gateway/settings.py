@@ -25,6 +25,9 @@ class GatewaySettings:
     #: The domain calls are scheduled in (fair share between its tenants) and a rewarded
     #: session's rollouts carry.
     domain: str = "gateway"
+    #: The domains whose problems sessions may answer, scored by their validators: the
+    #: registry the validators load (None: the built-in domains).
+    domains_config: Path | None = None
     #: How long a call waits for a generator's answer (504 after).
     call_timeout_s: float = 120.0
     #: Completion tokens when a request does not say (and room is left in the context).

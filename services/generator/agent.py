@@ -342,6 +342,8 @@ class Outcome:
     checkpoints: dict[int, SavedTrajectory] = field(default_factory=dict)
     #: Asked to yield while parked at admission: nothing ran, the task goes back whole.
     handed_back: bool = False
+    #: A gateway call its caller gave up on (``CallCancel``): nothing is answered.
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

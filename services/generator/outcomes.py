@@ -86,6 +86,8 @@ class Outcomes:
             await self._again(retries.handed_back(task), delivery)
             self.handed_back += 1
             return
+        if outcome.cancelled:
+            return  # its caller is gone: the task is done with, and nobody waits for it
         if task.call is not None:
             await self._answer(task, task.call.reply, outcome, delivery)
             return

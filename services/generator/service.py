@@ -26,6 +26,7 @@ from protocol import streams, subjects
 from protocol.codec import Codec
 from protocol.errors import ProtocolError
 from protocol.messages import (
+    CallCancel,
     DomainControl,
     DomainSchedules,
     PolicyUpdate,
@@ -40,6 +41,7 @@ from services.domains.api import is_heldout
 from services.domains.retry import RetryPolicy
 from services.engines.engine import Engine, EngineError
 from services.generator.agent import AgentLoop, Outcome
+from services.generator.cancels import CallCancels
 from services.generator.outcomes import Outcomes, RetryPolicies
 from services.generator.scheduling.admission import StalenessAdmission
 from services.generator.scheduling.fairshare import Flow
@@ -100,6 +102,8 @@ class GeneratorService(Service):
         self.stages = Stages()
         #: Where each task's samples went: published, retried, re-queued, dead-lettered.
         self.outcomes = Outcomes(self.stages, self.log)
+        #: Gateway calls whose callers went away.
+        self.cancels = CallCancels()
 
     @property
     def engine(self) -> Engine:
@@ -142,6 +146,7 @@ class GeneratorService(Service):
         await self._catch_up_weights()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
         self.listen(subjects.domain_control(), Codec(DomainControl), self._on_domain_control)
+        self.listen(subjects.gateway_cancel(), Codec(CallCancel), self._on_call_cancel)
         if settings.tools == "sandbox" and settings.sandbox_admission:
             self.listen(subjects.stats("sandbox"), Codec(Stats), self._on_sandbox_stats)
         if settings.scheduling.quarantine and settings.scheduling.quarantine_validator:
@@ -211,7 +216,7 @@ class GeneratorService(Service):
         self.scheduler.started(flow)
         running = self.preemption.started(id(delivery), task, route.tier)
         try:
-            outcome = await self._generate(task, running)
+            outcome = await self._generate_or_cancel(task, running)
             self.scheduler.generated(task.domain, outcome.rollouts)
             await self.outcomes.settle(task, outcome, delivery)
         finally:
@@ -225,6 +230,16 @@ class GeneratorService(Service):
             suspended=len(outcome.suspended),
             statuses=sorted({r.status.value for r in outcome.rollouts}),
         )
+
+    async def _generate_or_cancel(self, task: Task, running: Running) -> Outcome:
+        """A gateway call runs until its caller cancels it (``CallCancel``)."""
+        if task.call is None:
+            return await self._generate(task, running)
+        outcome = await self.cancels.run(task.id, self._generate(task, running))
+        return outcome if outcome is not None else Outcome(rollouts=[], cancelled=True)
+
+    async def _on_call_cancel(self, message: CallCancel, _: Request) -> None:
+        self.cancels.cancel(message)
 
     async def _generate(self, task: Task, running: Running) -> Outcome:
         samples, reserve = _admitted_samples(task)
@@ -434,6 +449,7 @@ class GeneratorService(Service):
         values["sandbox_admission_waits"] = float(self.sandbox_admission.waits)
         values["resumes"] = float(self.resumed)
         values.update(self.outcomes.statistics())
+        values.update(self.cancels.statistics())
         values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
         return values

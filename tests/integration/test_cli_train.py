@@ -17,8 +17,9 @@ import pytest
 from services.cli.train import SERVICES
 from tests.integration.test_cli_harness import finish, free_port, start
 
-#: Learner steps of the learning run.
+#: Learner steps of the learning run, and held-out evaluations every this many versions.
 STEPS = 45
+EVAL_EVERY = 15
 HELDOUT_KEYS = {"version", "elapsed_s", "greedy_accuracy", "sampled_accuracy", "problems", "chance"}
 
 
@@ -39,24 +40,31 @@ async def test_train_learns_on_heldout_problems_and_shows_it(tmp_path: Path) -> 
         "--minutes",
         "10",
         "--eval-every",
-        "1000",
+        str(EVAL_EVERY),
+        "--eval-samples",
+        "8",
     )
     done = await finish(proc, timeout_s=660)
     assert done.code == 0, done.out + done.err
     assert re.search(r"\d+/600 s: step \d+, samples/s \d+, reward \d\.\d+", done.out), done.out
     assert re.search(r"held-out greedy accuracy [\d.]+% \(v0\) -> [\d.]+% \(v\d+\)", done.out)
     lines = [json.loads(x) for x in (run_dir / "eval" / "heldout.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 and all(HELDOUT_KEYS <= set(line) for line in lines)
-    start_, end = lines
+    assert all(HELDOUT_KEYS <= set(line) for line in lines)
+    versions = [line["version"] for line in lines]
+    # At the start, every EVAL_EVERY versions, and not again at the end for the same version.
+    assert len(lines) == 1 + STEPS // EVAL_EVERY and versions == sorted(set(versions)), versions
+    start_, *_, before_end, end = lines
     assert start_["version"] == 0 and end["version"] == STEPS and end["problems"] > 100
-    # Learning, measured on problems never trained on (no spelling of them either): clearly
-    # above the start.  One run evaluated along the way: sampled 14.4% -> 17.0% (v16),
-    # 23.9% (v31), 29.9% (v47), 29.9% (v60); greedy 18.7% -> 30.6%, 38.1%, 47.0%, 36.6%.
-    # At v45, five runs gained 5.6 to 18.4 points sampled, four of them 13.4 to 28.3 greedy
-    # (mean of the two: 11.2 to 23.4): at 134 problems either figure alone is a noisy judge
-    # (a +8 bar on the sampled one failed two runs of five), their mean much less so.
-    sampled_gain = end["sampled_accuracy"] - start_["sampled_accuracy"]
-    greedy_gain = end["greedy_accuracy"] - start_["greedy_accuracy"]
+
+    # Learning, measured on problems never trained on (no spelling of them either), over
+    # the last third of the run: one evaluation along a curve that still moves is a noisy
+    # judge (greedy 35.8% at v32, 29.1% at v45 in one run), and so is a +8 bar on the
+    # sampled accuracy alone at 134 problems (it failed two runs of five).  Nine runs
+    # (8 samples a problem, the last two evaluations) gained ... points on average.
+    def gain(key: str) -> float:
+        return (before_end[key] + end[key]) / 2 - start_[key]
+
+    sampled_gain, greedy_gain = gain("sampled_accuracy"), gain("greedy_accuracy")
     assert (sampled_gain + greedy_gain) / 2 >= 0.06, lines
     assert sampled_gain > 0 and greedy_gain > 0, lines
     assert (run_dir / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

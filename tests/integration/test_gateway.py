@@ -228,7 +228,8 @@ async def test_a_valid_call_with_no_generator_to_answer_is_a_504(
     ("body", "status", "code", "param"),
     [
         (b"{", 400, "invalid_json", None),
-        (b"{}", 400, "invalid_value", "reward"),
+        # Empty: what closes a session its validators score (tests/adversarial/test_gateway.py).
+        (b"{}", 404, "no_session", "session"),
         (b'{"reward": 1, "rewards": [1]}', 400, "invalid_value", "reward"),
         (b'{"reward": 1.5}', 422, "invalid_value", "reward"),
         (b'{"rewards": []}', 422, "invalid_value", "rewards"),

@@ -364,6 +364,20 @@ def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
     assert policy_env(args, ("gateway",))["TEMPER_GATEWAY_MODEL"] == str(model.resolve())
 
 
+def test_the_validators_domains_are_the_learners_and_the_gateways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.cli.stack import policy_env
+    from services.model.tiny import init_model
+
+    args = build_parser().parse_args(["up", "--model", str(init_model(tmp_path / "m"))])
+    monkeypatch.setenv("TEMPER_VALIDATOR_DOMAINS_CONFIG", "deploy/domains")
+    monkeypatch.setenv("TEMPER_LEARNER_DOMAINS_CONFIG", "/elsewhere")
+    env = policy_env(args, ("validator", "learner", "gateway"))
+    assert env["TEMPER_GATEWAY_DOMAINS_CONFIG"] == str(Path("deploy/domains").resolve())
+    assert "TEMPER_LEARNER_DOMAINS_CONFIG" not in env  # set by the user: left as it is
+
+
 def test_status_exit_code_forgives_a_gone_predecessor_not_a_gone_service() -> None:
     from protocol.messages import ServiceState, ServiceStatus, StackStatus
     from services.cli.stack import _healthy

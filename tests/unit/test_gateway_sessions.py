@@ -11,7 +11,7 @@ from protocol.codec import Codec, encode
 from protocol.errors import SubjectError
 from protocol.messages import FinishReason, Rollout, Segment
 from protocol.packed import i32_list
-from services.gateway.rollouts import SOURCE, to_rollouts
+from services.gateway.rollouts import SOURCE, session_task, to_rollouts
 from services.gateway.sessions import (
     SESSION_HEADER,
     BadSessionName,
@@ -244,7 +244,8 @@ def test_a_closed_session_becomes_rollouts_token_by_token() -> None:
     sessions.record(ALICE, "s", call([9, 9], [70], version=4), now=2.0)  # history rewritten
     closed = sessions.close(ALICE.key_id, "s")
     assert closed is not None
-    rollouts = to_rollouts(closed, domain="agents", created_at=1234.5, tier=2)
+    task = session_task(closed, domain="agents", tier=2)
+    rollouts = to_rollouts(closed, task=task, created_at=1234.5)
     assert [r.id for r in rollouts] == ["gw-0/0", "gw-0/1"]
     first, second = rollouts
     task = first.task
@@ -289,6 +290,6 @@ def test_rollouts_need_a_domain_the_stack_can_route() -> None:
     closed = sessions.close(ALICE.key_id, "s")
     assert closed is not None
     with pytest.raises(SubjectError):
-        to_rollouts(closed, domain="no spaces", created_at=0.0)
+        session_task(closed, domain="no spaces")
     with pytest.raises(SubjectError):
-        to_rollouts(closed, domain="agents", created_at=0.0, tier=7)
+        session_task(closed, domain="agents", tier=7)

@@ -194,6 +194,21 @@ async def test_timed_out_generation_is_aborted_on_the_server(fake: FakeSGLang) -
     assert aborted == generate["rid"]
 
 
+async def test_cancelled_generation_is_aborted_on_the_server(fake: FakeSGLang) -> None:
+    """A gateway call whose client went away: the server stops its rows."""
+    fake.handlers["/generate"] = fake.hang  # type: ignore[assignment]
+    async with SGLangEngine([fake.url], SGLangEngineSettings(check_raw_logprobs=False)) as engine:
+        generating = asyncio.create_task(engine.generate(GenerateRequest(prompt_ids=[1], n=2)))
+        while not any(path == "/generate" for path, _ in fake.calls):
+            await asyncio.sleep(0.01)
+        generating.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await generating
+    [(_, generate)] = [call for call in fake.calls if call[0] == "/generate"]
+    aborted = [payload["rid"] for path, payload in fake.calls if path == "/abort_request"]
+    assert aborted == generate["rid"]
+
+
 async def test_invalid_requests_are_refused_before_sending(engine: SGLangEngine) -> None:
     with pytest.raises(EngineError, match="n must be"):
         await engine.generate(GenerateRequest(prompt_ids=[1], n=0))

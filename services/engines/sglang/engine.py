@@ -247,6 +247,12 @@ class SGLangEngine:
                 # Timed out or cut off: do not leave the server generating for nobody.
                 await self._abort(url, rids)
             raise
+        except asyncio.CancelledError:
+            # The caller gave up (a gateway call whose client went away): the server
+            # stops these rows and frees their place in its batch.
+            if rids:
+                await asyncio.shield(self._abort(url, rids))
+            raise
         try:
             outputs = outputs_decoder.decode(body)
         except msgspec.ValidationError as error:
