@@ -112,3 +112,19 @@ def test_the_journal_counts_what_a_previous_run_left_open(tmp_path: Path) -> Non
     assert SessionJournal(path).recover() == 2
     assert SessionJournal(path).recover() == 0  # reported once
     assert SessionJournal(None).recover() == 0
+
+
+def test_the_journal_keeps_to_the_size_of_what_is_open(tmp_path: Path) -> None:
+    from services.gateway.journal import SessionJournal
+
+    path = tmp_path / "sessions.journal"
+    journal = SessionJournal(path, compact_after=6)
+    journal.recover()
+    for number in range(40):
+        journal.opened(f"s{number}")
+        if number % 4:
+            journal.ended(f"s{number}")
+        lines = len(path.read_text().splitlines())
+        assert lines <= max(6, 2 * (number // 4 + 1)), (number, lines)
+    # Killed here: what is open is what the compacted journal says.
+    assert SessionJournal(path).recover() == 10
