@@ -19,6 +19,7 @@ from services.gateway.prompts import (
     Prompter,
     TemplateMessage,
     assistant_text,
+    forced_opening,
     template_messages,
     tools_key,
 )
@@ -66,6 +67,8 @@ class _Plan:
     session: str | None
     owner: Owner
     tools: bool
+    #: The start of the turn a ``tool_choice`` forced (the prompt ends with its ids).
+    opening: str = ""
 
 
 class Generation:
@@ -90,18 +93,24 @@ class Generation:
     async def chat(
         self, request: ChatCompletionRequest, key: KeyPolicy, session: str | None
     ) -> Served:
-        chat = template_messages(request.messages, request.tools, self.tokenizer)
-        tools = tools_key(request.tools)
+        # `none`: the model is not told of the tools, so it answers in text.
+        offered = None if request.tool_choice == "none" else request.tools
+        chat = template_messages(request.messages, offered, self.tokenizer)
+        tools = tools_key(offered)
         owner = owner_of(key)
         prompt = self.prompter.prompt(chat, tools, self._answered(owner, session))
+        opening = forced_opening(request.tool_choice)
+        if opening:
+            prompt = [*prompt, *self.tokenizer.encode(opening)]
         max_tokens = request.max_completion_tokens or request.max_tokens
         plan = _Plan(
             prompt=prompt,
-            sampling=self._sampling(request, max_tokens, prompt, tools=bool(request.tools)),
+            sampling=self._sampling(request, max_tokens, prompt, tools=bool(offered)),
             n=request.n,
             session=session,
             owner=owner,
-            tools=bool(request.tools),
+            tools=bool(offered),
+            opening=opening,
         )
         samples = await self._generate(plan, key)
         self._remember(plan, chat, tools, samples)
@@ -183,7 +192,11 @@ class Generation:
         except CallTimeout:
             raise errors.call_timed_out(self.calls.timeout_s) from None
         samples = samples_of(
-            result, tokenizer=self.tokenizer, tools=plan.tools, fallback_version=self._version()
+            result,
+            tokenizer=self.tokenizer,
+            tools=plan.tools,
+            fallback_version=self._version(),
+            opening=plan.opening,
         )
         self._record(plan, samples)
         return samples

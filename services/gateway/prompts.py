@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.domains.formats import tool_instructions
-from services.gateway.requests import ChatMessageIn, ToolCallIn, ToolSpec
+from services.gateway.requests import ChatMessageIn, NamedToolChoice, ToolCallIn, ToolSpec
 from services.model.chat_template import TemplateTokenizer
 from services.model.tool_format import TOOL_CALL_END, TOOL_CALL_START
 
@@ -82,6 +82,17 @@ def assistant_text(content: str, calls: Sequence[tuple[str, str]]) -> str:
         for name, arguments in calls
     )
     return content + blocks
+
+
+def forced_opening(choice: str | NamedToolChoice | None) -> str:
+    """The start of the assistant turn a ``tool_choice`` forces, written for the model to
+    go on from: a call's opening (``required``), or a named function's call up to its
+    arguments.  It is part of the prompt, never of what the policy is trained on."""
+    if choice == "required":
+        return TOOL_CALL_START
+    if isinstance(choice, NamedToolChoice):
+        return f'{TOOL_CALL_START}{{"name": {json.dumps(choice.function.name)}, "arguments": '
+    return ""
 
 
 def tools_key(tools: Sequence[ToolSpec] | None) -> str:

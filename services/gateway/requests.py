@@ -138,6 +138,17 @@ def parse_chat(body: bytes) -> ChatCompletionRequest:
         raise ApiError(
             400, "`tool_choice` needs `tools`", param="tool_choice", code="invalid_value"
         )
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        names = [tool.function.name for tool in request.tools or ()]
+        if choice.function.name not in names:
+            raise ApiError(
+                400,
+                f"`tool_choice` names {choice.function.name!r}, which is not in `tools` "
+                f"({', '.join(names)})",
+                param="tool_choice",
+                code="invalid_value",
+            )
     return request
 
 

@@ -41,12 +41,18 @@ class Sample:
 
 
 def samples_of(
-    result: CallResult, *, tokenizer: TemplateTokenizer, tools: bool, fallback_version: int
+    result: CallResult,
+    *,
+    tokenizer: TemplateTokenizer,
+    tools: bool,
+    fallback_version: int,
+    opening: str = "",
 ) -> list[Sample]:
-    """The call's samples in order; a failed one refuses the whole call."""
+    """The call's samples in order; a failed one refuses the whole call.  ``opening`` is
+    the start of the turn a ``tool_choice`` forced: the answer's text begins with it."""
     for rollout in result.rollouts:
         _check(rollout)
-    return [_sample(r, tokenizer, tools, fallback_version) for r in result.rollouts]
+    return [_sample(r, tokenizer, tools, fallback_version, opening) for r in result.rollouts]
 
 
 def _check(rollout: Rollout) -> None:
@@ -59,9 +65,11 @@ def _check(rollout: Rollout) -> None:
     raise errors.generation_failed(str(rollout.error))
 
 
-def _sample(rollout: Rollout, tokenizer: TemplateTokenizer, tools: bool, version: int) -> Sample:
+def _sample(
+    rollout: Rollout, tokenizer: TemplateTokenizer, tools: bool, version: int, opening: str
+) -> Sample:
     ids = [int(i) for i in rollout.completion_ids]
-    text = rollout.completion_text
+    text = opening + rollout.completion_text
     parsed = parse_tool_calls(text) if tools else None
     content, calls = text, []
     if parsed is not None:
