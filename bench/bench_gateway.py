@@ -73,6 +73,8 @@ class Round:
     elapsed_s: float = 0.0
     #: CPU seconds each process spent in the round.
     cpu: dict[str, float] = field(default_factory=dict)
+    #: Calls each caller made.
+    calls: int = 1
 
     def p(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -160,7 +162,15 @@ async def direct(stack: GatewayStack, args: argparse.Namespace) -> Round:
     return found
 
 
-def report(rounds: list[Round]) -> None:
+def report(rounds: list[Round], alone: list[Round]) -> None:
+    direct_alone, gateway_alone = alone
+    print(
+        f"one caller, {len(direct_alone.latencies)} calls each: p50 direct "
+        f"{direct_alone.p(0.5):.1f} ms, gateway {gateway_alone.p(0.5):.1f} ms (added "
+        f"{gateway_alone.p(0.5) - direct_alone.p(0.5):.1f} ms); p99 added "
+        f"{gateway_alone.p(0.99) - direct_alone.p(0.99):.1f} ms"
+    )
+    print(f"{len(rounds[0].latencies) // max(1, rounds[0].calls)} callers at once:")
     for item in rounds:
         engine = (
             f", engine p50 {statistics.median(item.engine) * 1000:.1f} ms" if item.engine else ""
@@ -186,10 +196,16 @@ def report(rounds: list[Round]) -> None:
     )
 
 
-async def measure(stack: GatewayStack, args: argparse.Namespace) -> list[Round]:
+async def measure(
+    stack: GatewayStack, args: argparse.Namespace
+) -> tuple[list[Round], list[Round]]:
+    """The loaded rounds, alternating the paths, and one caller alone on each path (what
+    a call costs when nothing queues)."""
     warm = argparse.Namespace(**{**vars(args), "calls": 2})
     await direct(stack, warm)
     await through_gateway(stack, warm)
+    alone = argparse.Namespace(**{**vars(args), "sessions": 1, "calls": args.alone_calls})
+    unloaded = [await direct(stack, alone), await through_gateway(stack, alone)]
     pids = service_pids(stack.proc.pid)
     rounds: list[Round] = []
     for _ in range(args.rounds):
@@ -197,8 +213,9 @@ async def measure(stack: GatewayStack, args: argparse.Namespace) -> list[Round]:
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             found = await path(stack, args)
             found.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+            found.calls = args.calls
             rounds.append(found)
-    return rounds
+    return rounds, unloaded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,14 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=8, help="calls per caller and round")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--alone-calls", type=int, default=100, help="calls of one caller alone")
     args = parser.parse_args(argv)
     stack = stack_for(args)
     try:
         stack.wait_ready()
-        rounds = asyncio.run(measure(stack, args))
+        rounds, alone = asyncio.run(measure(stack, args))
     finally:
         stack.stop()
-    report(rounds)
+    report(rounds, alone)
     return 0
 
 

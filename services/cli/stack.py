@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _shared_threads(environ: Mapping[str, str]) -> dict[str, str]:
+    """Torch threads of the generator and the learner, which share this machine's cores:
+    half each.  A pool as wide as the machine spins on cores the other process (or the
+    gateway, the validator) holds: on 2 cores that doubled the generator's CPU per call
+    in bench/bench_gateway.py.  A setting in the environment is left as it is."""
+    half = str(max(1, (os.cpu_count() or 2) // 2))
+    names = ("TEMPER_GENERATOR_THREADS", "TEMPER_LEARNER_THREADS")
+    return {name: half for name in names if name not in environ}
+
+
 def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, str]:
     """Generator, learner and gateway settings from the command line (``TEMPER_<SERVICE>_*``).
 
@@ -207,6 +218,7 @@ def policy_env(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, st
     }
     if args.sglang_urls:
         env["TEMPER_GENERATOR_SGLANG_URLS"] = ",".join(args.sglang_urls)
+    env.update(_shared_threads(os.environ))
     # The validator's domains are the learner's (it refuses rewards outside a domain's
     # range) and the gateway's (the problems of sessions the validators score).
     validator_domains = os.environ.get("TEMPER_VALIDATOR_DOMAINS_CONFIG")

@@ -16,8 +16,10 @@ def test_the_overhead_bench_prints_both_paths_and_the_goals(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     bench = load_bench("bench_gateway")
-    assert bench.main(["--sessions", "4", "--calls", "2", "--rounds", "1"]) == 0
+    argv = ["--sessions", "4", "--calls", "2", "--rounds", "1", "--alone-calls", "3"]
+    assert bench.main(argv) == 0
     out = capsys.readouterr().out
+    assert "one caller, 3 calls each: p50 direct" in out and "4 callers at once:" in out
     assert "direct   8 calls" in out and "gateway  8 calls" in out
     assert out.count("CPU ms per call:") == 2 and "gateway " in out.split("CPU ms")[2]
     assert "added by the gateway, over 1 rounds: p50" in out and "(goal >= 0.8)" in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -359,6 +360,9 @@ def test_generator_env_comes_from_the_command_line(tmp_path: Path) -> None:
         "TEMPER_LEARNER_OUT_DIR": str(Path("run/learner").resolve()),
         "TEMPER_GATEWAY_MODEL": str(model.resolve()),
         "TEMPER_GATEWAY_STATE_DIR": str(Path("run/gateway").resolve()),
+        # Half the cores each: the two torch processes share the machine.
+        "TEMPER_GENERATOR_THREADS": str(max(1, (os.cpu_count() or 2) // 2)),
+        "TEMPER_LEARNER_THREADS": str(max(1, (os.cpu_count() or 2) // 2)),
     }
     assert policy_env(args, ("control",)) == {}
     assert policy_env(args, ("gateway",))["TEMPER_GATEWAY_MODEL"] == str(model.resolve())
@@ -373,7 +377,9 @@ def test_the_validators_domains_are_the_learners_and_the_gateways(
     args = build_parser().parse_args(["up", "--model", str(init_model(tmp_path / "m"))])
     monkeypatch.setenv("TEMPER_VALIDATOR_DOMAINS_CONFIG", "deploy/domains")
     monkeypatch.setenv("TEMPER_LEARNER_DOMAINS_CONFIG", "/elsewhere")
+    monkeypatch.setenv("TEMPER_GENERATOR_THREADS", "3")
     env = policy_env(args, ("validator", "learner", "gateway"))
+    assert "TEMPER_GENERATOR_THREADS" not in env and "TEMPER_LEARNER_THREADS" in env
     assert env["TEMPER_GATEWAY_DOMAINS_CONFIG"] == str(Path("deploy/domains").resolve())
     assert "TEMPER_LEARNER_DOMAINS_CONFIG" not in env  # set by the user: left as it is
 
