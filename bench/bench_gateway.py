@@ -196,9 +196,7 @@ def report(rounds: list[Round], alone: list[Round]) -> None:
     )
 
 
-async def measure(
-    stack: GatewayStack, args: argparse.Namespace
-) -> tuple[list[Round], list[Round]]:
+async def measure(stack: GatewayStack, args: argparse.Namespace) -> tuple[list[Round], list[Round]]:
     """The loaded rounds, alternating the paths, and one caller alone on each path (what
     a call costs when nothing queues)."""
     warm = argparse.Namespace(**{**vars(args), "calls": 2})

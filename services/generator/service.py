@@ -143,6 +143,10 @@ class GeneratorService(Service):
         )
         self.outcomes.connect(self.bus, self.dead_letters, RetryPolicies(policies, default))
         self.scheduler = DomainScheduler(settings.scheduling, weights)
+        # A tier with work waiting for the turn cuts short an idle tier's poll.
+        publishes = self.scheduler.fairness.publishes
+        publishes.waiting = self._gate.is_waiting
+        self._gate.on_busy_wait = publishes.wants_turn
         await self._catch_up_weights()
         self.listen(subjects.policy_update(), Codec(PolicyUpdate), self._on_policy)
         self.listen(subjects.domain_control(), Codec(DomainControl), self._on_domain_control)

@@ -4,7 +4,9 @@ One consumer per tier stream shares a :class:`PriorityGate`.  Fetches are taken 
 time, which keeps the shared capacity exact (no two tiers can each fetch the last free
 slot).  The turn goes to the highest tier that may fetch; a tier whose last fetch came
 back empty lets the others go first until some fetch finds work again, and polls only
-briefly while others wait, so an idle high tier costs the lower ones little.  A tier
+briefly while others wait, so an idle high tier costs the lower ones little: not at all
+while one of them has work (it only looks), and a poll already out when such a tier
+comes back for the turn is cut short (``on_busy_wait``).  A tier
 counts as busy (holding lower tiers back) from a fetch that returned work until one that
 returned none, and from the start until its first fetch.
 """
@@ -12,6 +14,7 @@ returned none, and from the start until its first fetch.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: Long-poll of an idle tier while other tiers wait for the turn.
@@ -50,6 +53,9 @@ class PriorityGate:
         # Replaced on every change: waiters re-check when it is set.  State changes stay
         # synchronous, so a cancelled consumer can never leave the counts wrong.
         self._changed = asyncio.Event()
+        #: Told the tier when a tier with work starts waiting while another one's fetch
+        #: is out (it may be a poll the caller can cut short: the turn is wanted).
+        self.on_busy_wait: Callable[[int], None] | None = None
 
     def _notify(self) -> None:
         self._changed.set()
@@ -68,6 +74,8 @@ class PriorityGate:
     async def admit(self, tier: int, wanted: int, wait_s: float) -> Admission:
         """Wait for this tier's turn to fetch; the fetch must be followed by :meth:`fetched`."""
         self._waiting.add(tier)
+        if self._fetching and self._busy[tier] and self.on_busy_wait is not None:
+            self.on_busy_wait(tier)
         try:
             while not self._closed and not self._my_turn(tier):
                 await self._changed.wait()
@@ -76,9 +84,20 @@ class PriorityGate:
         if self._closed:
             return Admission(slots=0, wait_s=0.0)
         self._fetching = True
-        others = bool(self._waiting)
         slots = min(wanted, self.capacity - self._in_flight)
-        return Admission(slots=slots, wait_s=min(wait_s, SHORT_POLL_S) if others else wait_s)
+        return Admission(slots=slots, wait_s=self._poll_s(wait_s))
+
+    def _poll_s(self, wait_s: float) -> float:
+        """How long the admitted fetch may wait for work: its whole ``wait_s`` alone, a
+        short poll while other tiers wait for the turn, and none while one of them has
+        work (a look is enough: waiting would only hold that work back)."""
+        if any(self._busy[tier] for tier in self._waiting):
+            return 0.0
+        return min(wait_s, SHORT_POLL_S) if self._waiting else wait_s
+
+    def is_waiting(self, tier: int) -> bool:
+        """Whether ``tier``'s consumer waits for the turn to fetch."""
+        return tier in self._waiting
 
     def fetched(self, tier: int, got: int) -> None:
         """The admitted fetch returned ``got`` messages, now in flight."""

@@ -4,6 +4,7 @@ and the tier-wide durable of FIFO intake retired without losing its unacknowledg
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -202,3 +203,29 @@ async def test_an_idle_tier_waits_for_a_publish_instead_of_polling(nc: NATS) -> 
         await watch.unsubscribe()
         await source.close()
     assert idle == 2, f"{idle} backlog requests in 2 s of idling"
+
+
+async def test_a_publish_on_another_idle_tier_ends_this_tiers_wait(nc: NATS) -> None:
+    """Two idle tiers of one generator: the one holding the fetch turn stops waiting as
+    soon as a task is published on the other (whose turn it then is to take it), instead
+    of waiting out its poll."""
+    js = nc.jetstream()
+    fair = Fairness(share=FairShare(), quarantine=Quarantine(), idle_refresh_s=600.0)
+    fair.publishes.waiting = lambda tier: tier == TIER  # its consumer waits for the turn
+    other = ConsumerSpec(stream=streams.TASK_STREAMS[3].name, durable=DURABLE, ack_wait_s=30)
+    busy_tier = DomainSource(nc, js, SPEC, TIER, fair)
+    idle_tier = DomainSource(nc, js, other, 3, fair)
+    try:
+        for source in (busy_tier, idle_tier):  # each idle once: listening for publishes
+            assert await source.fetch(1, 0.2) == []
+        waiting = asyncio.create_task(idle_tier.fetch(1, 60.0))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await publish(js, "urgent", 1)
+        assert await asyncio.wait_for(waiting, 30.0) == []  # long before its 60 s
+        got = await busy_tier.fetch(1, 5.0)
+        assert domains(got) == Counter({"urgent": 1})
+        await got[0].ack()
+    finally:
+        for source in (busy_tier, idle_tier):
+            await source.close()

@@ -134,3 +134,34 @@ async def test_a_tier_said_to_have_work_gets_the_next_free_slot() -> None:
 def test_gate_needs_a_tier_and_a_slot() -> None:
     with pytest.raises(ValueError, match="at least one"):
         PriorityGate(0, 1)
+
+
+async def test_an_idle_tier_only_looks_while_a_tier_with_work_waits_for_the_turn() -> None:
+    """A tier whose last fetch found work is not held back by an idle tier's poll: an
+    idle tier's fetch out when it comes back for more is told to stop, and one admitted
+    while it waits gets no time to wait at all."""
+    gate = PriorityGate(2, capacity=1)
+    told: list[int] = []
+    gate.on_busy_wait = told.append
+    await gate.admit(0, 1, 1.0)
+    gate.fetched(0, 0)  # tier 0: idle
+    assert (await gate.admit(1, 1, 1.0)).wait_s == 1.0  # alone: the whole wait
+    gate.fetched(1, 1)  # tier 1 has work
+    gate.finished()
+    # Tier 0's fetch is out when tier 1 comes back for more: the poll is to be cut short.
+    assert (await gate.admit(0, 1, 1.0)).wait_s == 1.0
+    again = asyncio.create_task(gate.admit(1, 1, 1.0))
+    await asyncio.sleep(0)
+    assert told == [1]
+    gate.fetched(0, 0)
+    await again
+    gate.fetched(1, 1)  # the one slot is taken
+    # Both wait for the slot: tier 0 goes first (priority), but only looks.
+    first = asyncio.create_task(gate.admit(0, 1, 1.0))
+    second = asyncio.create_task(gate.admit(1, 1, 1.0))
+    await asyncio.sleep(0)
+    gate.finished()
+    assert (await first).wait_s == 0.0
+    gate.fetched(0, 0)
+    assert (await second).wait_s == 1.0
+    gate.fetched(1, 0)
