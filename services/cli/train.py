@@ -325,8 +325,9 @@ async def _final_evaluation(loop: _Run, clock: _Clock) -> None:
     """Evaluate the last version once the evaluation in flight (if any) is in."""
     await loop.runner.drain(_FINAL_EVAL_S)
     results = loop.runner.results
-    if results and results[-1].headline["version"] == loop.version():
-        return  # the last evaluation measured the final version already
+    if len(results) > 1 and results[-1].headline["version"] == loop.version():
+        return  # a periodic evaluation measured the final version already (the start one
+        # is never the end one: the summary reads start -> end)
     say("training is done: final held-out evaluation")
     await loop.runner.submit(clock.elapsed())
     deadline = time.monotonic() + _FINAL_EVAL_S

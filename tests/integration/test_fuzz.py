@@ -52,6 +52,7 @@ from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import (
     MESSAGE_TYPES,
     BatchCommit,
+    CallCancel,
     DomainControl,
     DomainsRequest,
     ErrorEvent,
@@ -154,6 +155,8 @@ def table(sandbox_instance: str) -> list[Target]:
         _request(subjects.domains(), DomainsRequest, 400),
         _request(subjects.domain_control(), DomainControl, 300),
         _event(subjects.policy_update(), PolicyUpdate, 500),
+        # Generators hear the gateway's cancels of calls.
+        _event(subjects.gateway_cancel(), CallCancel, 300),
         _event(subjects.weight_ack("generator"), WeightSyncAck, 300),
         # Generators read the sandbox pool's free sessions from its stats.
         _event(subjects.stats("sandbox"), Stats, 300),
