@@ -42,6 +42,7 @@ from services.domains.retry import RetryPolicy
 from services.engines.engine import Engine, EngineError
 from services.generator.agent import AgentLoop, Outcome
 from services.generator.cancels import CallCancels
+from services.generator.making import batching_of, context_len, known_domains, make_engine
 from services.generator.outcomes import Outcomes, RetryPolicies
 from services.generator.scheduling.admission import StalenessAdmission
 from services.generator.scheduling.fairshare import Flow
@@ -53,7 +54,6 @@ from services.generator.settings import GeneratorSettings
 from services.generator.tools import LocalTools, SandboxTools, ToolBox
 from services.generator.trajectory import LoopLimits
 from services.generator.weight_receiver import BroadcastEngine, WeightReceiver
-from services.model.load import parse_dtype
 from services.model.tokens import ChatTokenizer
 from services.model.weights import verify_digest
 from services.runtime.consumer import ConsumerTuning, Delivery
@@ -131,13 +131,13 @@ class GeneratorService(Service):
             tokenizer,
             self._toolbox(),
             LoopLimits(
-                context_len=_context_len(settings.model),
+                context_len=context_len(settings.model),
                 max_total_tokens=settings.max_total_tokens,
                 turn_timeout_s=settings.turn_timeout_s,
             ),
             generator=self.instance,
         )
-        self._known, weights, policies = await asyncio.to_thread(_domains, settings)
+        self._known, weights, policies = await asyncio.to_thread(known_domains, settings)
         default = RetryPolicy(
             max_attempts=settings.retry_max_attempts, backoff_s=settings.retry_backoff_s
         )
@@ -443,7 +443,7 @@ class GeneratorService(Service):
             values["tokens_per_s"] = stats.generated_tokens / uptime
             values["generated_tokens"] = float(stats.generated_tokens)
             values["cache_hit_ratio"] = stats.cache_hit_ratio
-            values.update(_batching_of(self.engine))
+            values.update(batching_of(self.engine))
         values["policy_version"] = float(self.version)
         values["version_lag"] = float(max(0, self.latest_announced - self.version))
         values["weight_update_failures"] = float(self.weight_failures)
@@ -482,60 +482,3 @@ def _route_of(task: Task, delivery: Delivery) -> subjects.TaskRoute:
     except ProtocolError as error:
         raise Reject(error.code, error.message, field=error.field) from error
     return route
-
-
-def _batching_of(engine: Engine) -> dict[str, float]:
-    """How many rows the engine decodes per step, where it batches requests itself."""
-    figures = engine.batch_statistics()
-    if not figures:  # a server engine (SGLang) batches on its side
-        return {}
-    return {
-        "decode_rows_per_step": figures["rows_per_step"],
-        "decode_peak_rows": figures["peak_rows"],
-        "prefill_prompts_per_pass": figures["prefill_prompts"] / max(figures["prefill_passes"], 1),
-        "time_decode_s": figures["decode_s"],
-        "time_prefill_s": figures["prefill_s"],
-    }
-
-
-def _context_len(model: Path) -> int:
-    import json
-
-    config: dict[str, Any] = json.loads((model / "config.json").read_text())
-    return int(config.get("max_position_embeddings", 4096))
-
-
-def _domains(
-    settings: GeneratorSettings,
-) -> tuple[Callable[[str], bool] | None, dict[str, float], dict[str, RetryPolicy]]:
-    """The check for known domains (None: any goes), their fair-share weights and their
-    retry policies."""
-    if not settings.check_domains:
-        return None, {}, {}
-    from services.domains import load_registry
-
-    registry = load_registry(settings.domains_config)
-    weights = {domain.name: domain.share_weight for domain in registry}
-    retry = {domain.name: domain.retry for domain in registry}
-    return registry.__contains__, weights, retry
-
-
-def make_engine(settings: GeneratorSettings) -> Engine:
-    if settings.engine == "torch":
-        import torch
-
-        if settings.threads:
-            torch.set_num_threads(settings.threads)
-        from services.engines.torch.engine import TorchEngine
-
-        return TorchEngine(
-            settings.model,
-            device=settings.device or None,
-            dtype=parse_dtype(settings.dtype),
-            cache_bytes=settings.prefix_cache_mb << 20,
-            tune_linears=settings.tune_linears,
-        )
-    from services.engines.sglang.engine import SGLangEngine, SGLangEngineSettings
-
-    engine_settings = SGLangEngineSettings(check_raw_logprobs=settings.sglang_check_raw_logprobs)
-    return SGLangEngine(list(settings.sglang_urls), engine_settings)

@@ -190,7 +190,7 @@ async def _until(predicate: object, timeout_s: float = 60.0) -> None:
 def test_engine_dtype_comes_from_the_settings(tiny_model: Path) -> None:
     import torch
 
-    from services.generator.service import make_engine
+    from services.generator.making import make_engine
 
     chosen = make_engine(GeneratorSettings(model=tiny_model, dtype="bfloat16"))
     assert getattr(chosen, "dtype", None) == torch.bfloat16
