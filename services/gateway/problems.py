@@ -21,7 +21,7 @@ from protocol.packed import pack_i32
 from services.domains import Domain, DomainError, Problem
 from services.domains.registry import DomainRegistry
 from services.gateway.errors import ApiError
-from services.gateway.requests import invalid
+from services.gateway.requests import decode_body
 from services.gateway.sessions import Owner, Session, SessionError, SessionStore
 
 #: ``Task.metadata["source"]`` of a validated session's task.
@@ -85,7 +85,7 @@ class Problems:
     def bind(self, owner: Owner, name: str, body: bytes) -> dict[str, Any]:
         """Open the session ``name`` (if it is not open) on a new problem of the domain
         the body names; what the agent is told of it."""
-        domain = self._domain(_parse(body).domain)
+        domain = self._domain(decode_body(body, _DECODER).domain)
         try:
             session = self._sessions.open(owner, name, self._clock())
         except SessionError as error:
@@ -143,12 +143,3 @@ def _endless(domain: Domain, seed: int) -> Iterator[Problem]:
             yield problem
         if not found:
             return
-
-
-def _parse(body: bytes) -> ProblemRequest:
-    try:
-        return _DECODER.decode(body)
-    except msgspec.ValidationError as error:
-        raise invalid(str(error)) from None
-    except msgspec.DecodeError as error:
-        raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None

@@ -109,6 +109,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
 
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
+T = TypeVar("T")
 
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     ChatCompletionRequest: msgspec.json.Decoder(ChatCompletionRequest),
@@ -172,8 +173,15 @@ def _no_alternatives(param: str) -> ApiError:
 
 
 def _parse(body: bytes, kind: type[R]) -> R:
+    parsed: R = decode_body(body, _DECODERS[kind])
+    return parsed
+
+
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
+    """A JSON body as ``decoder``'s type, or the OpenAI-shaped refusal that names what is
+    wrong with it."""
     try:
-        parsed: R = _DECODERS[kind].decode(body)
+        parsed: T = decoder.decode(body)
     except msgspec.ValidationError as error:
         raise invalid(str(error)) from None
     except msgspec.DecodeError as error:

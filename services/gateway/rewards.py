@@ -20,7 +20,7 @@ from msgspec import Meta
 from protocol import subjects
 from protocol.messages import ScoredRollout, ScoreStatus
 from services.gateway.errors import ApiError
-from services.gateway.requests import invalid
+from services.gateway.requests import decode_body
 from services.gateway.rollouts import session_task, to_rollouts
 from services.gateway.sessions import Session, SessionStore
 from services.runtime.bus import Bus
@@ -109,12 +109,7 @@ class Rewards:
 
 
 def _parse(body: bytes) -> RewardRequest:
-    try:
-        request = _DECODER.decode(body)
-    except msgspec.ValidationError as error:
-        raise invalid(str(error)) from None
-    except msgspec.DecodeError as error:
-        raise ApiError(400, f"the body is not valid JSON: {error}", code="invalid_json") from None
+    request = decode_body(body, _DECODER)
     if request.reward is not None and request.rewards is not None:
         raise ApiError(
             400, "give one of `reward` and `rewards`", param="reward", code="invalid_value"

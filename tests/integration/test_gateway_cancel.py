@@ -23,7 +23,8 @@ from protocol.messages import CallResult
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from services.generator.service import GeneratorService
-from tests.integration.support import Tap, client, runtime
+from tests.integration import test_gateway_generation as generation
+from tests.integration.support import Tap, runtime
 from tests.integration.test_gateway_generation import KEY, MODEL, SESSION, openai_at
 from tests.integration.test_generator_service import _settings as generator_settings
 from tests.integration.test_generator_service import _submit, _task
@@ -31,11 +32,8 @@ from tests.integration.test_generator_service import _submit, _task
 #: Samples the generator may start ahead of the learner: one task of two fills it.
 BUDGET = 2
 
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NATS]:
-    async with client(nats_url) as conn:
-        yield conn
+# A plain connection of the test's own, as the generation tests make it.
+nc = generation.nc
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from services.generator.service import GeneratorService
 from services.validator import ValidatorService
-from tests.integration.support import Tap, client, runtime
+from tests.integration import test_gateway_generation as generation
+from tests.integration.support import Tap, runtime
 from tests.integration.test_gateway_generation import KEY, MODEL, openai_at
 from tests.integration.test_generator_service import _settings as generator_settings
 from tests.integration.test_validator_service import settings as validator_settings
@@ -29,11 +30,8 @@ from tests.integration.test_validator_service import settings as validator_setti
 DOMAIN = "arithmetic_sum4"
 SESSION = "solve-1"
 
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NATS]:
-    async with client(nats_url) as conn:
-        yield conn
+# A plain connection of the test's own, as the generation tests make it.
+nc = generation.nc
 
 
 @pytest.fixture
