@@ -8,7 +8,6 @@ the ledger position) is written durably, the last K kept, and resumed exactly.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import shutil
@@ -27,13 +26,12 @@ from services.evaluation.figures import DomainFigures
 from services.learner import domain_figures
 from services.learner.checkpoints import CheckpointStore, Loaded
 from services.learner.checkpoints import read as read_checkpoint
+from services.learner.forward import trained_logprobs
 from services.learner.loss import (
     LossConfig,
     LossStats,
     TokenTerms,
-    entropy,
     policy_loss,
-    target_logprobs,
 )
 from services.learner.mismatch import NOT_MEASURED, Mismatch, merge
 from services.learner.reward_bounds import RewardBounds
@@ -173,7 +171,7 @@ class Trainer:
         self.config = config
         self.device = torch.device(device)
         # Master weights and optimizer state in float32 everywhere; on a GPU the forward
-        # passes run in the dtype policy's bf16 under autocast (see _completion_logits).
+        # passes run in the dtype policy's bf16 under autocast (see services/learner/forward.py).
         self.model: Any = load_causal_lm(model_dir, self.device, torch.float32)
         self.model.train()
         #: Under torchrun: this rank's share of the micro-batches and the gradient sum.
@@ -355,15 +353,15 @@ class Trainer:
 
     def _backward(self, part: _Part, micro: slice, total: int) -> LossStats:
         rows = part.rows
-        logits = _completion_logits(self.model, rows, micro)
-        current = target_logprobs(logits, rows.targets(micro))
-        wants_entropy = bool(self.config.loss.entropy_coef)
+        forward = trained_logprobs(self.model, rows, micro, entropy=True)
+        current, spread = forward.logprobs, forward.entropy
+        assert spread is not None
         terms = TokenTerms(
             current=current,
             proximal=current.detach() if part.proximal is None else part.proximal[micro],
             behaviour=rows.behaviour[micro],
             mask=rows.mask[micro],
-            entropy=entropy(logits if wants_entropy else logits.detach()),
+            entropy=spread if self.config.loss.entropy_coef else spread.detach(),
             reference=None if part.reference is None else part.reference[micro],
         )
         if part.proximal is None:
@@ -380,7 +378,7 @@ class Trainer:
         was_training = model.training
         model.eval()
         out = [
-            target_logprobs(_completion_logits(model, rows, s), rows.targets(s))
+            trained_logprobs(model, rows, s).logprobs
             for s in _slices(len(rows), self.config.micro_batch)
         ]
         model.train(was_training)
@@ -565,24 +563,6 @@ class _Part:
     reference: torch.Tensor | None
     #: Without a proximal pass: the mismatch of each micro-batch's forward, collected.
     seen: list[Mismatch]
-
-
-def _completion_logits(model: Any, rows: Rows, part: slice) -> torch.Tensor:
-    """Next-token logits ``[B, L]`` of the positions from ``rows.first`` on only, in
-    float32; computed in the device's dtype of the policy (bf16 autocast on a GPU)."""
-    with _compute_precision(rows.tokens.device):
-        hidden = model.base_model(
-            input_ids=rows.tokens[part], attention_mask=rows.attention[part]
-        ).last_hidden_state
-        logits: torch.Tensor = model.get_output_embeddings()(hidden[:, rows.first : -1])
-    return logits.float()
-
-
-def _compute_precision(device: torch.device) -> contextlib.AbstractContextManager[object]:
-    dtype = default_dtype(device)
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def _slices(total: int, size: int) -> list[slice]:

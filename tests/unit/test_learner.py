@@ -359,6 +359,34 @@ def test_completion_logits_match_a_full_forward_pass(tiny_model: Path, tmp_path:
         assert torch.allclose(got[row, : len(full)][trained], full[trained], atol=1e-5)
 
 
+def test_the_output_head_runs_on_trained_positions_only(tiny_model: Path, tmp_path: Path) -> None:
+    # Tool output in the middle of a completion and a short row padded to a long one:
+    # with a 150k vocabulary, logits for those positions are what made a step slow.
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(skip_zero_advantage=False))
+    task = _item("m", 0, [22], 1.0, -7.0).rollout.task
+    rollout = Rollout(
+        id="m/1",
+        task=task,
+        sample_index=1,
+        tokens=pack_i32([*PROMPT, 40, 41, 500, 501, 502, 503, 42, 43]),
+        prompt_len=len(PROMPT),
+        logprobs=pack_f32([-7.0] * 8),
+        loss_mask=pack_u8([1, 1, 0, 0, 0, 0, 1, 1]),
+    )
+    items = [_item("m", 0, [22], 1.0, -7.0), ScoredRollout(id="m/1", rollout=rollout, reward=0.0)]
+    rows = trainer._rows(items)
+    assert rows is not None
+    seen: list[int] = []
+    head = trainer.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    try:
+        got = trainer._logprobs(trainer.model, rows)
+    finally:
+        hook.remove()
+    assert seen == [int(rows.mask.sum())] == [5]
+    assert bool((got[rows.mask == 0] == 0).all()) and bool((got[rows.mask > 0] < 0).all())
+
+
 def test_truncated_samples_leave_the_loss_where_the_domain_filters_them(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -401,7 +429,7 @@ def test_on_a_gpu_the_forward_runs_in_bf16_over_float32_master_weights() -> None
     import contextlib
     import warnings
 
-    from services.learner.trainer import _compute_precision
+    from services.learner.forward import _compute_precision
 
     assert isinstance(_compute_precision(torch.device("cpu")), contextlib.nullcontext)
     with warnings.catch_warnings():
