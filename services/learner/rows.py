@@ -96,6 +96,13 @@ class Rows:
             engines=self.engines,
         )
 
+    def longest_first(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """``index`` (every row by default) ordered by sequence length, longest first:
+        micro-batches cut from it pad each row only to rows of its own length."""
+        index = torch.arange(len(self), device=self.tokens.device) if index is None else index
+        lengths = self.attention[index].sum(-1)
+        return index[torch.argsort(lengths, descending=True, stable=True)]
+
     def mismatch(self, recomputed: torch.Tensor, rows: slice | None = None) -> Mismatch:
         """``recomputed`` (logprobs of ``rows``, all by default) against the behaviour
         logprobs, over the trained tokens of the measured rows."""
@@ -103,7 +110,7 @@ class Rows:
         mask = self.mask[part] * self.measured[part].unsqueeze(-1)
         return logprob_mismatch(recomputed, self.behaviour[part], mask)
 
-    def targets(self, rows: slice) -> torch.Tensor:
+    def targets(self, rows: slice | torch.Tensor) -> torch.Tensor:
         return self.tokens[rows, self.first + 1 :]
 
     def __len__(self) -> int:

@@ -300,7 +300,8 @@ class Trainer:
     ) -> list[LossStats]:
         applied: list[LossStats] = []
         for _ in range(self.config.epochs):
-            for index in self._minibatches(len(rows)):
+            for shuffled in self._minibatches(len(rows)):
+                index = rows.longest_first(shuffled)
                 part = _Part(
                     rows=rows.select(index),
                     proximal=None if proximal is None else proximal[index],
@@ -377,12 +378,12 @@ class Trainer:
         """Logprobs of ``rows`` under ``model`` (the proximal or the reference policy)."""
         was_training = model.training
         model.eval()
-        out = [
-            trained_logprobs(model, rows, s).logprobs
-            for s in _slices(len(rows), self.config.micro_batch)
-        ]
+        order = rows.longest_first()
+        out = torch.zeros_like(rows.mask)
+        for s in _slices(len(rows), self.config.micro_batch):
+            out[order[s]] = trained_logprobs(model, rows, order[s]).logprobs
         model.train(was_training)
-        return torch.cat(out)
+        return out
 
     def _rows(self, items: list[ScoredRollout], held: int | None = None) -> Rows | None:
         """The rows to train on; those sampled by version ``held`` (if any) are measured."""

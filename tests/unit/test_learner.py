@@ -32,7 +32,7 @@ from services.learner.loss import (
 )
 from services.learner.metrics import step_line
 from services.learner.reward_bounds import RewardBounds
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer, TrainerConfig, _Part
 from services.model.weights import directory_digest
 
 PROMPT = [1, 341, 203, 317, 309, 2, 203, 1, 347, 203]
@@ -385,6 +385,31 @@ def test_the_output_head_runs_on_trained_positions_only(tiny_model: Path, tmp_pa
         hook.remove()
     assert seen == [int(rows.mask.sum())] == [5]
     assert bool((got[rows.mask == 0] == 0).all()) and bool((got[rows.mask > 0] < 0).all())
+
+
+def test_micro_batches_cut_by_length_give_the_same_logprobs_and_gradient(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    # Rows are ordered longest first and each micro-batch runs only to its longest row:
+    # neither may change a logprob or the step's gradient.
+    items = [
+        _item("a", 0, [22], 1.0, -7.0),
+        _item("a", 1, [40, 41, 42, 43, 44, 45, 46], 0.0, -7.0),
+        _item("b", 0, [23, 24, 25], 1.0, -7.0),
+        _item("b", 1, [26, 27], 0.0, -7.0),
+    ]
+    got, grads = [], []
+    for micro in (16, 1):
+        config = TrainerConfig(lr=1e-3, micro_batch=micro, skip_zero_advantage=False)
+        trainer = Trainer(tiny_model, tmp_path / str(micro), config)
+        rows = trainer._rows(items)
+        assert rows is not None
+        got.append(trainer._logprobs(trainer.model, rows))
+        trainer.optimizer.zero_grad()
+        trainer._update(_Part(rows=rows, proximal=None, reference=None, seen=[]))
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    assert torch.allclose(got[0], got[1], atol=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
 def test_truncated_samples_leave_the_loss_where_the_domain_filters_them(
