@@ -27,8 +27,6 @@ from protocol.messages import (
     rollout_id,
 )
 from protocol.packed import i32_list, pack_f32, pack_i32, pack_u8
-from services.domains.api import SANDBOX_FILES
-from services.domains.sandbox_place import SandboxPlace, place_of
 from services.engines.engine import (
     Engine,
     EngineError,
@@ -38,11 +36,11 @@ from services.engines.engine import (
     Sampling,
     TurnTimeout,
 )
+from services.generator.agent_sandbox import open_session, save_end, snapshot, suspend
 from services.generator.tools import (
     ToolBox,
     ToolInfraError,
     ToolSession,
-    WorkspaceUnsaved,
 )
 from services.generator.trajectory import LoopLimits, Trajectory
 from services.model.tokens import ChatTokenizer
@@ -134,19 +132,6 @@ class AgentLoop:
 
     # ------------------------------------------------------------------ turns
 
-    async def _open_tools(self, task: Task, trajectory: Trajectory) -> ToolSession:
-        place = _place(task)
-        # Passed only when the task names a sandbox of its own (a Harbor task's image and
-        # limits): a tool box that runs no sandbox never needs to know of one.
-        own = {"place": place} if place is not None else {}
-        return await self.tools.open(
-            rollout_id(task.id, trajectory.index, task.attempt),
-            _tools(task),
-            _files(task),
-            snapshot=trajectory.snapshot,
-            **own,
-        )
-
     async def _continue(
         self, task: Task, trajectory: Trajectory, budget: int, boundary: _Boundary
     ) -> None:
@@ -160,11 +145,11 @@ class AgentLoop:
                     trajectory.finish = FinishReason.MAX_TURNS
                     return
                 if boundary.yield_now():
-                    await _suspend(trajectory, session)
+                    await suspend(trajectory, session)
                     return
                 if boundary.checkpoints:
-                    trajectory.checkpoint = trajectory.saved(await _snapshot(trajectory, session))
-                session = session or await self._open_tools(task, trajectory)
+                    trajectory.checkpoint = trajectory.saved(await snapshot(trajectory, session))
+                session = session or await open_session(self.tools, task, trajectory)
                 turn_started = time.monotonic()
                 await self._tool_turn(session, trajectory)
                 if resumed:
@@ -181,7 +166,7 @@ class AgentLoop:
             trajectory.fail(RolloutStatus.INVALID, str(error))
         finally:
             if session is not None:
-                await _save_end(trajectory, session)
+                await save_end(trajectory, session)
                 await session.close()
 
     def _wants_tool(self, task: Task, trajectory: Trajectory) -> bool:
@@ -354,33 +339,6 @@ class _Boundary:
     checkpoints: bool
 
 
-async def _suspend(trajectory: Trajectory, session: ToolSession | None) -> None:
-    """Save the sample's sandbox state (its conversation is in the trajectory already)."""
-    started = time.monotonic()
-    snapshot = await _snapshot(trajectory, session)
-    trajectory.suspend(snapshot, time.monotonic() - started)
-
-
-async def _save_end(trajectory: Trajectory, session: ToolSession) -> None:
-    """Snapshot the sandbox of a finished sample: the judge scores the state the model
-    actually left, in a session of its own (a replay may not be what the model saw)."""
-    if trajectory.suspended or trajectory.status is not RolloutStatus.OK:
-        return
-    try:
-        trajectory.end_snapshot = await session.snapshot()
-    except WorkspaceUnsaved as error:
-        trajectory.end_snapshot_error = str(error)
-    except ToolInfraError as error:
-        trajectory.fail(
-            RolloutStatus.INFRA_FAILURE, f"tool: end snapshot: {error}", FailureKind.TOOL
-        )
-
-
-async def _snapshot(trajectory: Trajectory, session: ToolSession | None) -> str | None:
-    """The sandbox state as the sample's tool calls so far left it."""
-    return await session.snapshot() if session is not None else trajectory.snapshot
-
-
 def _route(task: Task) -> str:
     """The engine's routing key of a task's first turn: a gateway call names the
     trajectory it continues, whose earlier turns a server may hold in its prefix cache."""
@@ -401,23 +359,3 @@ class _Generated:
 
 def _kind(error: EngineError) -> FailureKind:
     return FailureKind.TIMEOUT if isinstance(error, TurnTimeout) else FailureKind.ENGINE
-
-
-def _tools(task: Task) -> tuple[str, ...]:
-    return tuple(task.tools)
-
-
-def _place(task: Task) -> SandboxPlace | None:
-    """The image and limits the task's tool session opens with, if it names them."""
-    try:
-        return place_of(task.metadata)
-    except ValueError as error:
-        raise InvalidRequestError(str(error)) from None
-
-
-def _files(task: Task) -> dict[str, bytes]:
-    """The files the task's tool session starts with (a terminal task's prepared directory)."""
-    files = task.metadata.get(SANDBOX_FILES) or {}
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise InvalidRequestError(f"task metadata[{SANDBOX_FILES!r}] must map paths to text")
-    return {str(path): text.encode() for path, text in files.items()}
