@@ -60,7 +60,12 @@ class TrainerConfig:
     #: AdamW's decoupled weight decay (0: none).
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    #: Rows of a micro-batch (one forward and backward; gradients add up over a minibatch),
+    #: at most, and its padded tokens (rows times its longest row's length), at most: the
+    #: attention of a micro-batch grows with the square of its length, and one long
+    #: sample padded 15 short ones to it.  A row longer than ``micro_tokens`` goes alone.
     micro_batch: int = 16
+    micro_tokens: int = 4096
     #: Passes over each batch, and optimizer steps per pass: ``epochs * minibatches``
     #: updates per batch, each clipped against the policy at the start of the batch.
     epochs: int = 1
@@ -79,7 +84,7 @@ class TrainerConfig:
     rewards: RewardBounds = field(default_factory=RewardBounds, metadata=NOT_FROM_ENV)
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch", "epochs", "minibatches"):
+        for name in ("micro_batch", "micro_tokens", "epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.lr_decay_steps < 0 or not 0 <= self.lr_final <= 1:
@@ -325,7 +330,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = int(part.rows.mask.sum().item()) or 1
         stats: list[LossStats] = []
-        for micro in self._micro_batches(len(part.rows)):
+        for micro in self._micro_batches(part.rows):
             stats.append(self._backward(part, micro, total))
         if self._parallel is not None:
             # Every rank leaves with the whole minibatch's gradient and statistics.
@@ -344,13 +349,18 @@ class Trainer:
             return sharding.clip(self.model, self.config.grad_clip)
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
 
-    def _micro_batches(self, rows: int) -> list[slice]:
-        slices = _slices(rows, self.config.micro_batch)
+    def _micro_batches(self, rows: Rows) -> list[slice]:
+        """Micro-batches of ``rows`` (ordered longest first)."""
+        slices = self._cut(rows)
         if self._parallel is None:
             return slices
         if self._parallel.sharded and len(slices) % self._parallel.world_size:
-            slices = _even_slices(slices, rows, self._parallel.world_size)
+            slices = _even_slices(slices, len(rows), self._parallel.world_size)
         return self._parallel.share(slices)
+
+    def _cut(self, rows: Rows) -> list[slice]:
+        lengths = [int(n) for n in rows.attention.sum(-1).tolist()]
+        return _cut(lengths, self.config.micro_batch, self.config.micro_tokens)
 
     def _backward(self, part: _Part, micro: slice, total: int) -> LossStats:
         rows = part.rows
@@ -380,7 +390,7 @@ class Trainer:
         model.eval()
         order = rows.longest_first()
         out = torch.zeros_like(rows.mask)
-        for s in _slices(len(rows), self.config.micro_batch):
+        for s in self._cut(rows.select(order)):
             out[order[s]] = trained_logprobs(model, rows, order[s]).logprobs
         model.train(was_training)
         return out
@@ -566,8 +576,16 @@ class _Part:
     seen: list[Mismatch]
 
 
-def _slices(total: int, size: int) -> list[slice]:
-    return [slice(start, start + size) for start in range(0, total, size)]
+def _cut(lengths: list[int], most_rows: int, most_tokens: int) -> list[slice]:
+    """Consecutive slices of rows ordered longest first: each holds at most ``most_rows``
+    rows and as many as fit ``most_tokens`` padded to its first (longest) row's length."""
+    slices, start = [], 0
+    while start < len(lengths):
+        fit = max(1, most_tokens // max(1, lengths[start]))
+        end = min(len(lengths), start + min(most_rows, fit))
+        slices.append(slice(start, end))
+        start = end
+    return slices
 
 
 def _even_slices(slices: list[slice], total: int, ranks: int) -> list[slice]:

@@ -32,7 +32,7 @@ from services.learner.loss import (
 )
 from services.learner.metrics import step_line
 from services.learner.reward_bounds import RewardBounds
-from services.learner.trainer import Trainer, TrainerConfig, _Part
+from services.learner.trainer import Trainer, TrainerConfig, _cut, _Part
 from services.model.weights import directory_digest
 
 PROMPT = [1, 341, 203, 317, 309, 2, 203, 1, 347, 203]
@@ -399,17 +399,35 @@ def test_micro_batches_cut_by_length_give_the_same_logprobs_and_gradient(
         _item("b", 1, [26, 27], 0.0, -7.0),
     ]
     got, grads = [], []
-    for micro in (16, 1):
-        config = TrainerConfig(lr=1e-3, micro_batch=micro, skip_zero_advantage=False)
-        trainer = Trainer(tiny_model, tmp_path / str(micro), config)
+    # Whole, a row at a time, and cut by a token budget that splits the batch unevenly.
+    for micro, tokens in ((16, 4096), (1, 4096), (16, 40)):
+        config = TrainerConfig(
+            lr=1e-3, micro_batch=micro, micro_tokens=tokens, skip_zero_advantage=False
+        )
+        trainer = Trainer(tiny_model, tmp_path / f"{micro}-{tokens}", config)
         rows = trainer._rows(items)
         assert rows is not None
         got.append(trainer._logprobs(trainer.model, rows))
         trainer.optimizer.zero_grad()
         trainer._update(_Part(rows=rows, proximal=None, reference=None, seen=[]))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
-    assert torch.allclose(got[0], got[1], atol=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    for other in (1, 2):
+        assert torch.allclose(got[0], got[other], atol=1e-5)
+        assert torch.allclose(grads[0], grads[other], atol=1e-6)
+
+
+def test_a_micro_batch_holds_at_most_its_token_budget_padded_to_its_longest_row() -> None:
+    lengths = [2000, 5000, 600, 600, *[220] * 20, 30]
+    lengths.sort(reverse=True)
+    cut = _cut(lengths, 16, 4096)
+    assert [i for s in cut for i in range(len(lengths))[s]] == list(range(len(lengths)))
+    for part in cut:
+        rows = lengths[part]
+        assert len(rows) <= 16
+        assert len(rows) == 1 or len(rows) * rows[0] <= 4096
+    # 5000 alone; 2000 with one more (4096 // 2000); six from the other 600 on
+    # (4096 // 600); the last sixteen rows.
+    assert [s.stop - s.start for s in cut] == [1, 2, 6, 16]
 
 
 def test_truncated_samples_leave_the_loss_where_the_domain_filters_them(
