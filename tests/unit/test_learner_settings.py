@@ -82,7 +82,10 @@ BEFORE_GROUPING: dict[str, tuple[str, str, Any]] = {
 }
 
 #: Read since the grouping: the trainer's field that had no variable before.
-ADDED = {"TEMPER_LEARNER_WEIGHT_DECAY": "trainer.weight_decay"}
+ADDED = {
+    "TEMPER_LEARNER_WEIGHT_DECAY": "trainer.weight_decay",
+    "TEMPER_LEARNER_MICRO_TOKENS": "trainer.micro_tokens",
+}
 
 
 def _at(settings: object, path: str) -> Any:
@@ -119,9 +122,11 @@ def test_the_learner_reads_no_other_variable_of_its_own() -> None:
     assert "TEMPER_LEARNER_REWARDS" not in read
 
 
-def test_weight_decay_is_settable() -> None:
+def test_the_settings_added_since_are_settable() -> None:
     settings = from_env(LearnerSettings, PREFIX, {"TEMPER_LEARNER_WEIGHT_DECAY": "0.01"})
     assert settings.trainer.weight_decay == 0.01
+    settings = from_env(LearnerSettings, PREFIX, {"TEMPER_LEARNER_MICRO_TOKENS": "2048"})
+    assert settings.trainer.micro_tokens == 2048
 
 
 def test_trainer_config_is_the_trainer_group_with_the_domains_rewards() -> None:
@@ -155,6 +160,7 @@ def test_weight_settings_give_the_broadcast_and_ack_settings() -> None:
         ({"TEMPER_LEARNER_PARALLEL": "zero"}, "TEMPER_LEARNER_PARALLEL='zero'"),
         ({"TEMPER_LEARNER_LR": "fast"}, "TEMPER_LEARNER_LR='fast'"),
         ({"TEMPER_LEARNER_MICRO_BATCH": "0"}, "TEMPER_LEARNER_.*micro_batch must be at least 1"),
+        ({"TEMPER_LEARNER_MICRO_TOKENS": "0"}, "TEMPER_LEARNER_.*micro_tokens must be at least 1"),
         ({"TEMPER_LEARNER_LR_FINAL": "2"}, "TEMPER_LEARNER_.*lr_final in"),
     ],
 )
