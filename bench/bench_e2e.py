@@ -1,17 +1,18 @@
 """End to end, side by side in one run: Temper's embedded stack vs Hugging Face TRL.
 
-Both train the same warmed-up tiny policy (``temper train --warmup-only``) on the
-learning demo's domain (``arithmetic_sum4``: sums of four single-digit numbers) with the
-same prompts, reward rule (the first ``<answer>`` tag equals the sum), group size,
-samples per batch, optimizer steps per batch (Temper's ``minibatches``: TRL splits each
-generation batch into as many steps), learning rate and its schedule (linear to a tenth
-over 600 batches), max new tokens, completions cut at that limit left out of the loss
-(TRL's ``mask_truncated_completions``; the domain's ``overlong = "filter"`` in Temper),
-sampling temperature 1, float32 and no KL, for the same wall-clock budget.  TRL runs
-first, alone on the machine (its ``GRPOTrainer`` in its own cached venv,
-``deploy/peers/trl``), then Temper's stack (``temper train``), so neither takes CPU from
-the other.  Both sides' settings come from the flags given to ``temper train``, read by
-Temper's own run-config code; the shared parts are in ``peer_run.py``.
+Both train the same warmed-up tiny policy (``temper train --warmup-only``) on the learning
+demo's domain (``arithmetic_sum4``: sums of four single-digit numbers) with the same
+problems (TRL's rows are the problems Temper's feeder asks, epoch after epoch, each in the
+spelling its epoch asks it in), prompts, reward rule (the first ``<answer>`` tag equals the
+sum), group size, samples per batch, optimizer steps per batch (Temper's ``minibatches``:
+TRL splits each generation batch into as many steps), learning rate and its schedule (linear
+to a tenth over 600 batches), max new tokens, completions cut at that limit left out of the
+loss (TRL's ``mask_truncated_completions``; the domain's ``overlong = "filter"`` in Temper),
+sampling temperature 1, float32 and no KL, for the same wall-clock budget. TRL runs first,
+alone on the machine (its ``GRPOTrainer`` in its own cached venv, ``deploy/peers/trl``),
+then Temper's stack (``temper train``), so neither takes CPU from the other. Both sides'
+settings come from the flags given to ``temper train``, read by Temper's own run-config
+code; the shared parts are in ``peer_run.py``.
 
 Printed for both: trained samples/s end to end (a sample dropped as stale does not
 count), optimizer steps, train reward of the first and last batches, and held-out greedy
@@ -30,15 +31,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import peer_report  # noqa: E402
 import peer_run  # noqa: E402
-
-from services.domains import Domain  # noqa: E402
 
 DOMAIN = "arithmetic_sum4"
 #: ``temper train``'s learner settings, named so that a change of its defaults changes both
@@ -49,11 +47,8 @@ FLAGS = (
 )
 
 
-def train_rows(domain: Domain) -> list[dict[str, Any]]:
-    # One row per spelling, as Temper's feeder draws them: the key would fold `4+9+3` and
-    # `3+9+4` into one problem and leave TRL fewer prompts than Temper trains on.
-    problems = {p.question: p for p in domain.problems(20_000, split="train", seed=0)}.values()
-    return [peer_run.trl_row(domain, p) for p in problems]
+#: Rows of TRL's dataset: far more than it trains on in a run, so it never sees an epoch.
+TRL_ROWS = 20_000
 
 
 def report(mix: peer_run.Mix, result: peer_run.Comparison) -> None:
@@ -78,7 +73,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     mix = peer_run.read_mix(FLAGS, args.out / "domains")
-    rows = train_rows(mix.domains.train[0][0])
+    rows = peer_run.feeder_rows(mix.domains.train[0][0], mix.plan.seed, TRL_ROWS)
     report(mix, peer_run.compare(args.out, mix, rows, args.minutes, args.trl_threads))
     return 0
 

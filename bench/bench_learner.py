@@ -2,7 +2,9 @@
 
 1. A learner step (``Trainer.train``: unpacking the rollouts, advantages, the loss, one
    AdamW step) vs a bare torch forward/backward/step on the same padded tensors with the
-   same token-level policy-gradient loss.  Goal (issue 11): <= 1.1x.
+   same token-level policy-gradient loss.  Goal (issue 11): <= 1.1x.  The learner runs
+   each group's prompt once for its samples and the output head on trained positions
+   only; the bare step runs every row whole, as a plain torch loop does.
 2. Weight publication: the learner's export (safetensors serialized once in memory and
    digested there, the start model's config and tokenizer files linked beside it), the
    generator's digest check, and the torch engine's verified load, vs writing the same

@@ -8,10 +8,11 @@ train --config RUN.toml``, with the config's own eval settings).  The shared par
 by Temper's own run-config code, so whatever the config lists is what both train on.
 
 TRL's ``GRPOTrainer`` gets the training problems of every domain in one dataset with a
-``domain`` column, each domain's rows in proportion to its weight (TRL draws uniformly
-from its dataset, Temper's feeder by weight), and the same prompts, group size, samples
-per batch, optimizer steps per batch (Temper's ``minibatches``), learning rate and
-schedule, temperature 1, float32 and no KL.  Where the two cannot be the same:
+``domain`` column: the problems Temper's feeder asks of each domain, epoch after epoch, in
+the spellings it asks them in, rows in proportion to the domain's weight (TRL draws
+uniformly from its dataset, Temper's feeder by weight), and the same prompts, group size,
+samples per batch, optimizer steps per batch (Temper's ``minibatches``), learning rate and
+schedule, temperature 1, float32 and no KL. Where the two cannot be the same:
 
 - Completion cap: TRL has one ``max_completion_length``, the largest ``max_tokens`` of the
   mix; Temper caps each domain at its own (printed).
@@ -55,8 +56,8 @@ import peer_run  # noqa: E402
 
 from services.cli.runconfig import RunDomains  # noqa: E402
 
-#: Rows of TRL's dataset over all domains (problems may repeat within a domain, as the
-#: feeder's draws do): far more than TRL trains on in a run, so it never sees an epoch.
+#: Rows of TRL's dataset over all domains (what the feeder asks of each): far more than
+#: TRL trains on in a run, so it never sees an epoch.
 TRL_ROWS = 20_000
 #: TRL's reward rule for every domain of the mix (deploy/peers/trl/grpo_spec.py).
 RULE = "last_answer_number"
@@ -68,12 +69,12 @@ def rows_per_domain(weights: Sequence[float], total: int) -> list[int]:
     return [max(1, round(total * weight / whole)) for weight in weights]
 
 
-def trl_rows(domains: RunDomains) -> list[dict[str, Any]]:
+def trl_rows(domains: RunDomains, seed: int) -> list[dict[str, Any]]:
     counts = rows_per_domain([weight for _, weight in domains.train], TRL_ROWS)
     return [
-        {**peer_run.trl_row(domain, problem), "domain": domain.name}
+        {**row, "domain": domain.name}
         for (domain, _), count in zip(domains.train, counts, strict=True)
-        for problem in domain.problems(count, split="train", seed=0)
+        for row in peer_run.feeder_rows(domain, seed, count)
     ]
 
 
@@ -135,7 +136,7 @@ def main() -> int:
         flags += ["--nats-port", str(args.nats_port)]
     mix = peer_run.read_mix(flags, args.out / "domains")
     rewards = {domain.name: RULE for domain, _ in mix.domains.train}
-    rows = trl_rows(mix.domains)
+    rows = trl_rows(mix.domains, mix.plan.seed)
     result = peer_run.compare(args.out, mix, rows, args.minutes, args.trl_threads, rewards=rewards)
     report(mix, result)
     return 0

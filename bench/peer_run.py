@@ -17,6 +17,7 @@ figure of Temper's ``eval/heldout_macro.jsonl``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -34,6 +35,8 @@ from protocol.messages import Rollout, ScoreStatus, Task
 from services.cli.runconfig import RunDomains, TrainPlan, add_flags, load_domains, plan_of
 from services.domains import Domain, Problem
 from services.evaluation.heldout import HeldoutSet
+from services.feeder.dataset import Dataset
+from services.feeder.settings import FeederSettings
 from services.model.greedy import greedy_texts
 from services.model.load import load_causal_lm
 from services.model.tokens import ChatTokenizer
@@ -145,6 +148,19 @@ def read_mix(flags: Sequence[str], folder: Path) -> Mix:
         max_new_tokens=max(domain.max_tokens for domain, _ in domains.train),
     )
     return Mix(flags=tuple(flags), plan=plan, domains=domains, settings=settings)
+
+
+def feeder_rows(domain: Domain, seed: int, count: int) -> list[dict[str, Any]]:
+    """``count`` rows of TRL's dataset: the problems Temper's feeder asks for ``domain``,
+    epoch after epoch of its dataset for the run's seed, each in the spelling that epoch
+    asks it in.  Both sides train on the same problems written the same ways."""
+    dataset = Dataset.of(domain, FeederSettings().dataset_size, seed)
+    asked = (
+        dataset.spelling(index, epoch)
+        for epoch in itertools.count()
+        for index in dataset.order(epoch)
+    )
+    return [trl_row(domain, problem) for problem in itertools.islice(asked, count)]
 
 
 def trl_row(domain: Domain, problem: Problem) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from protocol import subjects
 from protocol.errors import SubjectError
@@ -116,6 +116,14 @@ class TaskSource(Protocol):
     def draw(self, rng: random.Random) -> Problem: ...
 
 
+@runtime_checkable
+class Respells(Protocol):
+    """A source that can write one of its problems another way: the same key and answer,
+    another question (``4+9+3`` as ``3+4+9``)."""
+
+    def respell(self, problem: Problem, rng: random.Random) -> Problem: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Example:
     """A task with a completion that earns the full reward."""
@@ -192,6 +200,12 @@ class Domain:
             raise DomainError(self.name, f"overlong {self.overlong!r} is not one of {OVERLONG}")
         if not (math.isfinite(self.share_weight) and self.share_weight > 0):
             raise DomainError(self.name, f"share_weight {self.share_weight} is not positive")
+
+    def respelled(self, problem: Problem, rng: random.Random) -> Problem:
+        """``problem`` written another way when the source knows how; else as drawn."""
+        if isinstance(self.source, Respells):
+            return self.source.respell(problem, rng)
+        return problem
 
     def split_of(self, problem: Problem) -> Split:
         if problem.split is not None:

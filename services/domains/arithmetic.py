@@ -8,8 +8,9 @@ Small enough for a tiny policy to learn (the learning demo uses the built-in
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
@@ -75,6 +76,32 @@ def _product(factors: tuple[int, ...]) -> str:
     return "*".join(map(str, factors))
 
 
+def parsed(expression: str) -> tuple[list[int], list[str]]:
+    """Operands and operators of an expression as :func:`written` writes it."""
+    tokens = re.findall(r"\d+|[-+*]", expression)
+    if "".join(tokens) != expression or len(tokens) % 2 == 0:
+        raise ValueError(f"{expression!r} is not a chain of numbers and + - *")
+    return [int(t) for t in tokens[::2]], tokens[1::2]
+
+
+def respelled(operands: Sequence[int], operators: Sequence[str], rng: random.Random) -> str:
+    """The same sum of products in another order: each product's factors shuffled, and
+    the terms too, an added one first.  Its :func:`canonical` form and value are the same."""
+    terms: list[tuple[str, list[int]]] = [("+", [operands[0]])]
+    for operator, operand in zip(operators, operands[1:], strict=True):
+        if operator == "*":
+            terms[-1][1].append(operand)
+        else:
+            terms.append((operator, [operand]))
+    for _, factors in terms:
+        rng.shuffle(factors)
+    rng.shuffle(terms)
+    first = next(i for i, (sign, _) in enumerate(terms) if sign == "+")
+    terms.insert(0, terms.pop(first))
+    text = _product(tuple(terms[0][1]))
+    return text + "".join(f"{sign}{_product(tuple(factors))}" for sign, factors in terms[1:])
+
+
 @dataclass(frozen=True)
 class ArithmeticSource:
     op: str
@@ -98,6 +125,12 @@ class ArithmeticSource:
             metadata={"answer": answer},
             reference=answer_text(answer, self.style),
         )
+
+    def respell(self, problem: Problem, rng: random.Random) -> Problem:
+        """``problem`` with its terms and factors in another order (a division as written)."""
+        if self.op == "div":
+            return problem
+        return replace(problem, question=respelled(*parsed(problem.question), rng))
 
     def _operand(self, rng: random.Random, low: int = 0) -> int:
         return rng.randint(low, 10**self.digits - 1)

@@ -4,6 +4,14 @@ The dataset is the domain's distinct training problems for the run's seed, in a 
 order; each epoch visits all of them in its own seeded order.  A visit either takes the
 problem or passes over it (its pool, or the filter), and the decision is a function of
 the saved state and the visit's place, so a restarted feeder decides as the first did.
+
+A problem may be written several ways (``4+9+3`` and ``3+9+4`` are one problem, one key).
+The draws keep every spelling they met, and each epoch asks a problem in one of them,
+written another way again where the domain can (``Domain.respelled``): a policy shown one
+spelling twenty times learns that string's answer, while shown twenty it has to learn the
+problem (TRL on ``arithmetic_sum4``, the same 518 problems: 57% held-out after 10 minutes
+on 1,797 spellings, 81-85% on 7,366).  The spelling is again a function of the
+visit's place, so a restart changes nothing.
 """
 
 from __future__ import annotations
@@ -46,16 +54,27 @@ class Visit:
 @dataclass(frozen=True)
 class Dataset:
     domain: Domain
+    #: One per distinct problem (key), as first drawn.
     problems: tuple[Problem, ...]
     seed: int
+    #: Every distinct spelling drawn of each problem, first one first (same index).
+    spellings: tuple[tuple[Problem, ...], ...] = ()
     _orders: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, domain: Domain, size: int, seed: int) -> Dataset:
-        seen: dict[str, Problem] = {}
+        seen: dict[str, dict[str, Problem]] = {}
         for problem in domain.problems(size, "train", seed=seed):
-            seen.setdefault(problem.key, problem)
-        return cls(domain, tuple(seen.values()), seed)
+            seen.setdefault(problem.key, {}).setdefault(problem.question, problem)
+        spellings = tuple(tuple(by_text.values()) for by_text in seen.values())
+        return cls(domain, tuple(s[0] for s in spellings), seed, spellings)
+
+    def spelling(self, index: int, epoch: int) -> Problem:
+        """Problem ``index`` as epoch ``epoch`` asks it: one of its drawn spellings, written
+        another way again where the domain knows how."""
+        variants = self.spellings[index] if self.spellings else (self.problems[index],)
+        pick = random.Random(f"{self.seed}:{self.domain.name}:{epoch}:spelling:{index}")
+        return self.domain.respelled(variants[pick.randrange(len(variants))], pick)
 
     def order(self, epoch: int) -> list[int]:
         """Epoch ``epoch``'s visiting order (the same in every process)."""
@@ -72,10 +91,11 @@ class Dataset:
         passed: dict[str, int] = {}
         for _ in range(len(self.problems)):
             at = Cursor(cursor.epoch, cursor.index)
-            problem = self.problems[self.order(at.epoch)[at.index]]
+            index = self.order(at.epoch)[at.index]
             cursor = _advance(at, len(self.problems))
-            reason = self._pass_over(problem.key, at, state, settings)
+            reason = self._pass_over(self.problems[index].key, at, state, settings)
             if reason is None:
+                problem = self.spelling(index, at.epoch)
                 return Visit(problem=problem, at=at, after=cursor, passed_over=passed)
             passed[reason] = passed.get(reason, 0) + 1
         return Visit(problem=None, at=cursor, after=cursor, passed_over=passed)

@@ -53,6 +53,9 @@ class LossStats:
     #: Mean entropy of the current policy at trained tokens (nats).
     entropy: float
     tokens: int
+    #: Norm of the update's gradient before clipping (set by the trainer; a norm above
+    #: the clip means the step was scaled down).
+    grad_norm: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

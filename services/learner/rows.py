@@ -83,6 +83,10 @@ class Rows:
     measured: torch.Tensor
     #: The engines that sampled the measured rows (sorted, comma-separated).
     engines: str
+    #: ``[B]``: each row's prompt length, and a number its prompt shares with every row
+    #: of the same prompt (the samples of one task): the forward pass runs it once.
+    prompt_len: torch.Tensor
+    prompt: torch.Tensor
 
     def select(self, index: torch.Tensor) -> Rows:
         return Rows(
@@ -94,14 +98,23 @@ class Rows:
             advantages=self.advantages[index],
             measured=self.measured[index],
             engines=self.engines,
+            prompt_len=self.prompt_len[index],
+            prompt=self.prompt[index],
         )
 
     def longest_first(self, index: torch.Tensor | None = None) -> torch.Tensor:
-        """``index`` (every row by default) ordered by sequence length, longest first:
-        micro-batches cut from it pad each row only to rows of its own length."""
+        """``index`` (every row by default) with the rows of one prompt together, the
+        prompts in order of their longest row and each prompt's rows longest first:
+        micro-batches cut from it pad each row only to rows of about its own length, and
+        share each prompt among as many rows as they can."""
         index = torch.arange(len(self), device=self.tokens.device) if index is None else index
-        lengths = self.attention[index].sum(-1)
-        return index[torch.argsort(lengths, descending=True, stable=True)]
+        lengths = self.attention[index].sum(-1).cpu().numpy()
+        prompts = self.prompt[index].cpu().numpy()
+        longest = np.zeros(int(prompts.max()) + 1 if len(prompts) else 0, dtype=lengths.dtype)
+        np.maximum.at(longest, prompts, lengths)
+        # lexsort: the last key is the first compared.
+        order = np.lexsort((-lengths, prompts, -longest[prompts]))
+        return index[torch.from_numpy(order).to(index.device)]
 
     def mismatch(self, recomputed: torch.Tensor, rows: slice | None = None) -> Mismatch:
         """``recomputed`` (logprobs of ``rows``, all by default) against the behaviour
@@ -141,7 +154,18 @@ def build(
         advantages=advantages[keep].to(device),
         measured=torch.tensor(measured, dtype=torch.float32, device=device),
         engines=_engines(item for item, m in zip(chosen, measured, strict=True) if m),
+        prompt_len=torch.tensor([i.rollout.prompt_len for i in chosen], device=device),
+        prompt=torch.tensor(_prompt_numbers(chosen), device=device),
     )
+
+
+def _prompt_numbers(chosen: list[ScoredRollout]) -> list[int]:
+    """One number per distinct prompt (its token ids, not the task: equal ids are shared)."""
+    numbers: dict[bytes, int] = {}
+    return [
+        numbers.setdefault(i.rollout.tokens[: 4 * i.rollout.prompt_len], len(numbers))
+        for i in chosen
+    ]
 
 
 def _padded(

@@ -8,6 +8,7 @@ evaluation all load through :func:`load_causal_lm`, so they agree on the dtype b
 
 from __future__ import annotations
 
+import inspect
 import threading
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,13 @@ def load_causal_lm(
     # nn.Module.to: PreTrainedModel.to's decorator confuses type checkers.
     torch.nn.Module.to(model, device)
     return model
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword ``model.forward`` takes its key/value cache by: transformers 5 renamed
+    ``past_key_values`` to ``cache`` (the old name is deprecated)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def load_sequence_scorer(model_dir: Path | str) -> tuple[Any, Any]:

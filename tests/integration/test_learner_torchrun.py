@@ -347,11 +347,12 @@ def _start(model: Path) -> torch.nn.Module:
 def _replayed(model: Path, out: Path, work: Path, start: _Start, after: int) -> Trainer:
     """One process trained on the batches the ledger says the ranks trained on after step
     ``after``, with one thread as each rank has: Adam's first updates are about ``lr``
-    times the sign of each gradient entry, so another thread count's rounding flips some."""
+    times the sign of each gradient entry, so another thread count's rounding flips some.
+    For the same reason it runs every row whole, as FSDP does: the prompt shared among
+    rows is the same sum in another order."""
     lr = float(SHARDED["TEMPER_LEARNER_LR"])
-    settings = LearnerSettings(
-        model=model, out_dir=out, trainer=TrainerConfig(lr=lr, micro_batch=2)
-    )
+    config = TrainerConfig(lr=lr, micro_batch=2, share_prompts=False)
+    settings = LearnerSettings(model=model, out_dir=out, trainer=config)
     trainer = Trainer(model, work, settings.trainer_config())
     if start.checkpoint is not None:
         trainer.load_checkpoint(start.checkpoint)

@@ -12,6 +12,8 @@ import pytest
 
 from services.domains import load_registry
 from services.evaluation.heldout import HeldoutSet
+from services.feeder.dataset import Dataset
+from services.feeder.settings import FeederSettings
 from tests.benches import load_bench
 
 
@@ -84,8 +86,14 @@ def test_trl_gets_the_run_configs_learner_settings_and_mix(
         group=4, batch=128, minibatches=4, lr=1e-3, lr_decay_steps=50, max_new_tokens=16
     )
     monkeypatch.setattr(bench, "TRL_ROWS", 400)
-    rows = bench.trl_rows(mix.domains)
+    rows = bench.trl_rows(mix.domains, mix.plan.seed)
     assert [sum(r["domain"] == name for r in rows) for name in mix.domains.names] == [100, 300]
+    # TRL's rows are the problems the feeder asks, in the spellings it asks them.
+    domain = mix.domains.train[1][0]
+    feeder = Dataset.of(domain, FeederSettings().dataset_size, mix.plan.seed)
+    asked = [feeder.spelling(i, epoch) for epoch in (0, 1) for i in feeder.order(epoch)]
+    given = [r["messages"] for r in rows if r["domain"] == domain.name]
+    assert given == [peer.trl_row(domain, p)["messages"] for p in asked[:300]]
     spec = mix.settings.trl_spec(tmp_path, rows, 0.5, 1)
     spec["rewards"] = {name: bench.RULE for name in mix.domains.names}
     monkeypatch.syspath_prepend(str(Path(peer.TRL_PEER)))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import statistics
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from services.domains import load_registry
+from services.domains import Domain, Problem, ValidatorSpec, load_registry
+from services.domains.arithmetic import canonical, evaluate, parsed
 from services.feeder.dataset import Dataset, moved, pool_of, pool_sizes
 from services.feeder.mix import MixError, parse_mix
 from services.feeder.settings import FeederSettings
@@ -46,6 +49,62 @@ def test_each_epoch_visits_every_problem_once_in_its_own_order(dataset: Dataset)
     assert sorted(first) == sorted(second) == sorted(p.key for p in dataset.problems)
     assert first != second
     assert state.cursor == Cursor(epoch=2, index=0)
+
+
+class TwoWays:
+    """A source without a respelling: each problem is drawn in one of two spellings."""
+
+    def draw(self, rng: random.Random) -> Problem:
+        a, b = rng.randrange(30), rng.randrange(30)
+        question = f"{a} and {b}" if rng.random() < 0.5 else f"{b} and {a}"
+        return Problem(key=f"pair:{min(a, b)},{max(a, b)}", question=question, metadata={})
+
+
+def test_a_problem_is_asked_in_the_spellings_drawn_of_it_one_per_epoch() -> None:
+    domain = Domain(name="pairs", source=TwoWays(), validators=(ValidatorSpec(kind="math"),))
+    dataset = Dataset.of(domain, 400, seed=3)
+    asked = asked_over(dataset, epochs=6)
+    for index, problem in enumerate(dataset.problems):
+        spellings = {p.question for p in dataset.spellings[index]}
+        assert {p.key for p in dataset.spellings[index]} == {problem.key}
+        assert asked[problem.key] <= spellings
+    several = [p.key for i, p in enumerate(dataset.problems) if len(dataset.spellings[i]) > 1]
+    assert len(several) > 20
+    assert sum(len(asked[k]) > 1 for k in several) > 0.8 * len(several)
+    # The spelling is a function of the visit's place: a second walk asks the same.
+    twice = [walk_questions(dataset, DomainState(), 3 * len(dataset.problems)) for _ in "ab"]
+    assert twice[0] == twice[1]
+
+
+def test_an_arithmetic_problem_is_written_another_way_each_epoch() -> None:
+    domain = load_registry(None, plugins=False).get("arithmetic_sum4")
+    dataset = Dataset.of(domain, 400, seed=3)
+    asked = asked_over(dataset, epochs=6)
+    for problem in dataset.problems:
+        for question in asked[problem.key]:
+            operands, operators = parsed(question)
+            assert f"arith:{canonical(operands, operators)}" == problem.key
+            assert str(evaluate(operands, operators)) == problem.metadata["answer"]
+    distinct = [len(asked[p.key]) for p in dataset.problems if len(set(p.question) - {"+"}) == 4]
+    assert statistics.fmean(distinct) > 4  # six epochs, four distinct digits
+
+
+def asked_over(dataset: Dataset, epochs: int) -> dict[str, set[str]]:
+    asked: dict[str, set[str]] = {}
+    state = DomainState()
+    for key, question in walk_questions(dataset, state, epochs * len(dataset.problems)):
+        asked.setdefault(key, set()).add(question)
+    return asked
+
+
+def walk_questions(dataset: Dataset, state: DomainState, visits: int) -> list[tuple[str, str]]:
+    out = []
+    for _ in range(visits):
+        visit = dataset.next(state, SETTINGS)
+        moved(state, visit)
+        assert visit.problem is not None
+        out.append((visit.problem.key, visit.problem.question))
+    return out
 
 
 def test_a_walk_resumed_from_a_saved_cursor_continues_where_it_stopped(

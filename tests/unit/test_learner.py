@@ -22,6 +22,7 @@ from protocol.messages import (
 )
 from protocol.packed import pack_f32, pack_i32, pack_u8
 from services.domains.ranges import ScoreRange
+from services.learner.forward import trained_logprobs
 from services.learner.loss import (
     LossConfig,
     LossStats,
@@ -244,6 +245,18 @@ def test_the_learning_rate_decays_linearly_then_holds(tiny_model: Path, tmp_path
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
 
 
+def test_a_step_reports_its_gradient_norm_before_clipping(tiny_model: Path, tmp_path: Path) -> None:
+    batch = [_item("g", 0, [22, 23, 24], 1.0, -7.6), _item("g", 1, [40, 41, 42], 0.0, -7.6)]
+    free = Trainer(tiny_model, tmp_path / "free", TrainerConfig(grad_clip=1e9)).train(batch)
+    clipped = Trainer(tiny_model, tmp_path / "clip", TrainerConfig(grad_clip=1e-3))
+    result = clipped.train(batch)
+    # The same first gradient either way: the norm is read before the clip scales it.
+    assert free.loss.grad_norm > 1e-3
+    assert result.loss.grad_norm == pytest.approx(free.loss.grad_norm, rel=1e-5)
+    grads = [p.grad for p in clipped.model.parameters() if p.grad is not None]
+    assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) <= 1.001e-3
+
+
 def test_several_updates_per_batch_clip_against_the_batch_start(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -387,6 +400,69 @@ def test_the_output_head_runs_on_trained_positions_only(tiny_model: Path, tmp_pa
     assert bool((got[rows.mask == 0] == 0).all()) and bool((got[rows.mask > 0] < 0).all())
 
 
+def test_rows_of_one_prompt_run_it_once_with_the_same_logprobs_and_gradient(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    # A group's samples share their prompt: the forward pass runs it once, not per row.
+    other_prompt = [*PROMPT, 309, 310, 311]
+    items = [_item("g", i, [22 + i, 23, 24][: 1 + i % 3], float(i % 2), -7.0) for i in range(6)]
+    for i, completion in enumerate(([40, 41], [42])):
+        item = _item("h", i, completion, float(i), -7.0)
+        rollout = msgspec.structs.replace(
+            item.rollout,
+            tokens=pack_i32([*other_prompt, *completion]),
+            prompt_len=len(other_prompt),
+        )
+        items.append(msgspec.structs.replace(item, rollout=rollout))
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(lr=1e-3, skip_zero_advantage=False))
+    rows = trainer._rows(items)
+    assert rows is not None
+    shapes: list[tuple[int, ...]] = []
+    embed = trainer.model.get_input_embeddings()
+    hook = embed.register_forward_hook(lambda _m, args, _out: shapes.append(tuple(args[0].shape)))
+    try:
+        got = trained_logprobs(trainer.model, rows, slice(None)).logprobs
+    finally:
+        hook.remove()
+    # Two prompts (the longer one's width), then eight completions (the longest's length).
+    assert shapes == [(2, len(other_prompt)), (8, 3)]
+    weights = rows.mask * rows.advantages.unsqueeze(-1)
+    (got * weights).sum().backward()
+    shared = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+    # Row by row, each sequence whole through the model: the same logprobs and gradient.
+    trainer.model.zero_grad()
+    for row in range(len(rows)):
+        ids = rows.tokens[row : row + 1, : int(rows.attention[row].sum())]
+        logprobs = token_logprobs(trainer.model(input_ids=ids).logits, ids)[0, rows.first :]
+        trained = rows.mask[row, : len(logprobs)] > 0
+        assert torch.allclose(got[row, : len(logprobs)][trained], logprobs[trained], atol=1e-5)
+        (logprobs * weights[row, : len(logprobs)]).sum().backward()
+    whole = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+    assert torch.allclose(shared, whole, atol=1e-5)
+
+
+def test_rows_are_ordered_a_prompt_at_a_time_by_their_longest(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    def on(prompt: list[int], index: int, completion: list[int]) -> ScoredRollout:
+        item = _item(str(prompt[-1]), index, completion, float(index % 2), -7.0)
+        rollout = msgspec.structs.replace(
+            item.rollout, tokens=pack_i32([*prompt, *completion]), prompt_len=len(prompt)
+        )
+        return msgspec.structs.replace(item, rollout=rollout)
+
+    a, b, c = [*PROMPT, 301], [*PROMPT, 302], [*PROMPT, 303]
+    items = [on(a, 0, [5]), on(b, 0, [5] * 9), on(c, 0, [5] * 3), on(a, 1, [5] * 6)]
+    items += [on(b, 1, [5, 5]), on(c, 1, [5] * 4), on(a, 2, [5] * 2)]
+    trainer = Trainer(tiny_model, tmp_path, TrainerConfig(skip_zero_advantage=False))
+    rows = trainer._rows(items)
+    assert rows is not None
+    order = rows.longest_first().tolist()
+    # b (its longest 9), then a (6), then c (4); within each, longest first.
+    assert order == [1, 4, 3, 6, 0, 5, 2]
+    assert rows.longest_first(torch.tensor([0, 2, 5])).tolist() == [5, 2, 0]
+
+
 def test_micro_batches_cut_by_length_give_the_same_logprobs_and_gradient(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -428,6 +504,9 @@ def test_a_micro_batch_holds_at_most_its_token_budget_padded_to_its_longest_row(
     # 5000 alone; 2000 with one more (4096 // 2000); six from the other 600 on
     # (4096 // 600); the last sixteen rows.
     assert [s.stop - s.start for s in cut] == [1, 2, 6, 16]
+    # Rows a prompt at a time are not longest first throughout: a later, longer row
+    # widens the micro-batch it joins.
+    assert _cut([300, 100, 1000, 100], 16, 1200) == [slice(0, 2), slice(2, 3), slice(3, 4)]
 
 
 def test_truncated_samples_leave_the_loss_where_the_domain_filters_them(

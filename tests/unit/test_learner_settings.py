@@ -85,6 +85,7 @@ BEFORE_GROUPING: dict[str, tuple[str, str, Any]] = {
 ADDED = {
     "TEMPER_LEARNER_WEIGHT_DECAY": "trainer.weight_decay",
     "TEMPER_LEARNER_MICRO_TOKENS": "trainer.micro_tokens",
+    "TEMPER_LEARNER_SHARE_PROMPTS": "trainer.share_prompts",
 }
 
 

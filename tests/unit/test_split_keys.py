@@ -25,7 +25,7 @@ import pytest
 
 from services.domains import Domain, Problem, load_registry
 from services.domains.api import SANDBOX_FILES
-from services.domains.arithmetic import canonical
+from services.domains.arithmetic import canonical, evaluate, parsed
 from services.domains.doc_qa import QUESTIONS, Table, make_table, problem_digest
 from services.domains.terminal.family import TEMPLATES, UNORDERED, problem
 from services.domains.tool_use import ToolSource
@@ -93,6 +93,30 @@ def test_div_is_keyed_as_written() -> None:
     div = REGISTRY.get("arith-div-d1-tag")
     assert key_of(div, "12/3") == "arith:12/3"
     assert key_of(div, "12/4") == "arith:12/4"
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "mixed"])
+def test_a_respelling_is_the_same_problem_written_another_way(op: str) -> None:
+    # The feeder asks a trained problem in a new spelling each epoch; one that changed
+    # the key could be a held-out problem, one that changed the value a wrong answer.
+    domain = REGISTRY.get(f"arith-{op}-d1-t3-tag")
+    rng, written_as = random.Random(7), defaultdict(set)
+    for _ in range(300):
+        problem = domain.source.draw(rng)
+        for _ in range(4):
+            again = domain.respelled(problem, rng)
+            operands, operators = parsed(again.question)
+            assert f"arith:{canonical(operands, operators)}" == problem.key
+            assert str(evaluate(operands, operators)) == problem.metadata["answer"]
+            assert again.reference == problem.reference
+            written_as[problem.key].add(again.question)
+    assert sum(len(spellings) > 1 for spellings in written_as.values()) > 100
+
+
+def test_a_division_is_asked_as_written() -> None:
+    div = REGISTRY.get("arith-div-d1-tag")
+    problem = div.source.draw(random.Random(1))
+    assert div.respelled(problem, random.Random(2)) == problem
 
 
 def test_a_malformed_chain_is_refused_by_name() -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -59,7 +58,7 @@ from services.engines.torch.batch import Batch, Prefill, full_attention, prefill
 from services.engines.torch.jobs import Job, Lease, Row, append_token, eos_ids, resolve
 from services.engines.torch.radix import RadixCache, RadixStatistics, common_prefix
 from services.engines.torch.sampling import sample_tokens, seeded_generator
-from services.model.load import default_device, default_dtype, load_causal_lm
+from services.model.load import cache_keyword, default_device, default_dtype, load_causal_lm
 from services.model.weights import (
     apply_state_dict,
     check_state_dict,
@@ -325,9 +324,7 @@ class TorchEngine:
         model: PreTrainedModel = load_causal_lm(self.model_dir, self.device, self.dtype)
         model.train(False)  # eval mode (dropout off)
         model.requires_grad_(False)
-        # transformers 5 renamed ``past_key_values`` to ``cache`` (old name deprecated).
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_keyword(model)
         self._eos = eos_ids(self.model_dir, model)
         self._batchable = full_attention(DynamicCache(config=model.config))
         if self.device.type == "cpu" and model.config._attn_implementation == "sdpa":
