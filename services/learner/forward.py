@@ -113,9 +113,10 @@ def _shared_prompt_pass(
 def _whole_pass(
     model: Any, rows: Rows, index: torch.Tensor, everywhere: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """As :func:`_shared_prompt_pass`, each row whole in one pass of the base model.  Under
-    FSDP2 a layer run twice in one step (prompts, then completions) left a step 1% off the
-    single process's: sharded training runs each layer once."""
+    """As :func:`_shared_prompt_pass`, each row whole in one pass of the base model.
+    Sharded (FSDP2) training runs this: it is tested against the single process to 1%, and
+    the shared prompt sums the same gradient in another order, which Adam's sign-like first
+    steps turn into more than that; a layer run twice a step under FSDP2 is not tested."""
     width = int(rows.attention[index].sum(-1).max())
     trained = everywhere[:, : width - 1 - rows.first]
     hidden = model.base_model(

@@ -68,7 +68,8 @@ class TrainerConfig:
     micro_tokens: int = 4096
     #: Run each distinct prompt once for the rows that share it (a task's samples): a
     #: 64-token prompt and 10-token answers cost 144 positions a group of 8, not 592.
-    #: FSDP runs every row whole whatever this says (see ``forward._whole_pass``).
+    #: Sharded (FSDP) training runs every row whole whatever this says
+    #: (``forward._whole_pass``).
     share_prompts: bool = True
     #: Passes over each batch, and optimizer steps per pass: ``epochs * minibatches``
     #: updates per batch, each clipped against the policy at the start of the batch.
