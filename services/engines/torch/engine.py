@@ -126,10 +126,12 @@ class TorchEngine:
         self._closed = False
         # Single worker thread: torch work is serialized however callers are cancelled.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-engine")
-        # Weight updates land one at a time, in the order they were asked for.
-        self._updating = asyncio.Lock()
+        # FIFO for admissions and weight updates: an update waits for requests that came first.
+        self._admission = asyncio.Lock()
         self._waiting: list[Job] = []
         self._serving: asyncio.Task[None] | None = None
+        self._quiet = asyncio.Event()  # set: no request admitted and unfinished
+        self._quiet.set()
         self._batch: Batch[Job] = Batch(self.device)
         self._batchable = True
         self._mask_dtype = torch.bool
@@ -164,9 +166,11 @@ class TorchEngine:
     async def generate(self, request: GenerateRequest) -> list[Sample]:
         self._check_open()
         self._check_request(request)
-        job = Job(request, asyncio.get_running_loop().create_future())
-        self._waiting.append(job)
-        self._serve_soon()
+        async with self._admission:
+            self._check_open()
+            job = Job(request, asyncio.get_running_loop().create_future())
+            self._waiting.append(job)
+            self._serve_soon()
         try:
             samples, cached = await job.done
         except asyncio.CancelledError:
@@ -176,19 +180,12 @@ class TorchEngine:
         return samples
 
     async def load_weights(self, version: int, source: str) -> None:
-        """Swap the weights between two decode steps, without waiting for the requests
-        in flight: their remaining tokens come from the new weights over the KV the old
-        ones computed (SGLang's ``in_place`` pause), each token's logprob is the one it
-        was sampled with, and their samples carry the version they started under (the
-        oldest), as staleness is measured.  Reading and checking the files runs beside
-        the decode steps; only the copy into the model takes the worker thread.
-        """
         self._check_open()
         cancel = threading.Event()
-        async with self._updating:
+        async with self._admission:  # requests admitted earlier finish first
+            await self._quiet.wait()
             try:
-                state = await asyncio.to_thread(self._read_weights, version, source)
-                await self._call(self._swap_weights, version, state, cancel)
+                await self._call(self._load_weights, version, source, cancel)
             except asyncio.CancelledError:
                 cancel.set()  # a caller's timeout: give up unless the copy already began
                 raise
@@ -243,22 +240,26 @@ class TorchEngine:
 
     def _serve_soon(self) -> None:
         if self._serving is None or self._serving.done():
+            self._quiet.clear()
             self._serving = asyncio.get_running_loop().create_task(self._serve())
 
     async def _serve(self) -> None:
         """Step the batch while any request waits or decodes; the worker runs each step."""
-        while (self._waiting or self._batch) and not self._closed:
-            admitted = self._admissible()
-            try:
-                finished = await self._call(self._step, admitted)
-            except Exception as exc:  # torch/transformers failure: infrastructure, typed
-                log.error("batch_step_failed", error=repr(exc), rows=len(self._batch))
-                self._fail(admitted, EngineError(f"torch engine failed: {exc!r}"))
-                continue
-            for job in finished:
-                resolve(job)
-        if self._closed:
-            self._fail([], EngineError("torch engine closed during the request"))
+        try:
+            while (self._waiting or self._batch) and not self._closed:
+                admitted = self._admissible()
+                try:
+                    finished = await self._call(self._step, admitted)
+                except Exception as exc:  # torch/transformers failure: infrastructure, typed
+                    log.error("batch_step_failed", error=repr(exc), rows=len(self._batch))
+                    self._fail(admitted, EngineError(f"torch engine failed: {exc!r}"))
+                    continue
+                for job in finished:
+                    resolve(job)
+            if self._closed:
+                self._fail([], EngineError("torch engine closed during the request"))
+        finally:
+            self._quiet.set()
 
     def _admissible(self) -> list[Job]:
         """The waiting requests that join at the next step: all of them, or one at a time
@@ -355,40 +356,27 @@ class TorchEngine:
             return None
         return RadixCache(self.cache_bytes, seq_dim=KV_SEQ_DIM)
 
-    def _read_weights(self, version: int, source: str) -> dict[str, torch.Tensor]:
-        """Read and check everything first; the model changes only once nothing can fail."""
-        try:
-            state = read_state_dict(source_path(source))
-            check_state_dict(self._loaded(), state)
-        except (OSError, ValueError) as exc:
-            raise WeightUpdateError(version, str(exc)) from exc
-        except Exception as exc:  # e.g. a corrupt safetensors header
-            raise WeightUpdateError(version, repr(exc)) from exc
-        return state
-
-    def _swap_weights(
-        self, version: int, state: dict[str, torch.Tensor], cancel: threading.Event
-    ) -> None:
-        """Between two steps, on the worker thread.
+    def _load_weights(self, version: int, source: str, cancel: threading.Event) -> None:
+        """Read and check everything first; the model changes only once nothing can fail.
 
         A cancel that arrives during the (short, in-memory) copy does not stop it: the new
         version is then live, as ``statistics().version`` says.
         """
+        model = self._loaded()
+        try:
+            state = read_state_dict(source_path(source))
+            check_state_dict(model, state)
+        except (OSError, ValueError) as exc:
+            raise WeightUpdateError(version, str(exc)) from exc
+        except Exception as exc:  # e.g. a corrupt safetensors header
+            raise WeightUpdateError(version, repr(exc)) from exc
         if cancel.is_set():
             raise WeightUpdateError(version, "cancelled before the weights were swapped")
-        apply_state_dict(self._loaded(), state)
+        apply_state_dict(model, state)
         self._counters.weight_updates += 1
-        self._forget_prefixes()
-        self._version = version
-
-    def _forget_prefixes(self) -> None:
-        """KV computed by the old weights is stale: the prefix cache starts empty, and the
-        requests in flight no longer store theirs into it."""
-        for job in dict.fromkeys(self._batch.owners):
-            if job.lease is not None:
-                job.lease.detach()
         if self._prefix is not None:
-            self._prefix.clear()
+            self._prefix.clear()  # KV computed by the old weights is stale
+        self._version = version
 
     @torch.inference_mode()
     def _step(self, admitted: list[Job]) -> list[Job]:
@@ -452,13 +440,12 @@ class TorchEngine:
         once, never joining the batch)."""
         request, sampling = job.request, job.request.sampling
         job.prompt = list(request.prompt_ids)
-        job.version = self._version
         job.rows = [Row() for _ in range(request.n)]
         job.budget = min(sampling.max_new_tokens, self.max_context - len(job.prompt))
         if job.budget <= 0:
             for row in job.rows:
                 row.finish = "length"
-            job.result = ([self._sample(job, row, 0) for row in job.rows], 0)
+            job.result = ([self._sample(row, 0) for row in job.rows], 0)
             return False
         job.generator = seeded_generator(self.device, sampling.seed)
         job.stop = self._eos | set(sampling.stop_token_ids)
@@ -539,16 +526,15 @@ class TorchEngine:
         assert job.lease is not None
         cached = job.lease.cached
         job.lease.release()
-        job.result = ([self._sample(job, row, cached) for row in job.rows], cached)
+        job.result = ([self._sample(row, cached) for row in job.rows], cached)
 
-    @staticmethod
-    def _sample(job: Job, row: Row, cached: int) -> Sample:
+    def _sample(self, row: Row, cached: int) -> Sample:
         return Sample(
             output_ids=row.output,
             logprobs=row.logprobs,
             finish=row.finish or "abort",
             cached_tokens=cached,
-            version=job.version,
+            version=self._version,
         )
 
     def _new_cache(self, kv: torch.Tensor | None) -> DynamicCache:

@@ -41,8 +41,6 @@ class Job:
     generator: torch.Generator | None = None
     stop: frozenset[int] = frozenset()
     budget: int = 0
-    #: The policy version that prefilled it: the oldest its tokens come from.
-    version: int = 0
     result: tuple[list[Sample], int] | None = None
 
     @property
@@ -84,12 +82,6 @@ class Lease:
         if self.prefix is not None and self.node is not None:
             self.prefix.unlock(self.node)
             self.node = None
-
-    def detach(self) -> None:
-        """Let go of the prefix cache for good (its KV is stale: new weights): later
-        stores and releases do nothing."""
-        self.release()
-        self.prefix = None
 
     def store(self, tokens: list[int], kv: torch.Tensor, offset: int, *, pin: bool = False) -> None:
         """Insert ``tokens`` whose KV from ``offset`` on is ``kv``.
