@@ -23,21 +23,15 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from protocol.messages import Rollout, ScoreStatus
-from services.domains import DomainRegistry
 from services.domains.terminal.base import Check, Made, output_is, succeeds
 from services.domains.terminal.family import problem
-from services.sandbox.service import SandboxService
-from services.validator import ValidatorService
-from tests.integration.support import client
-from tests.integration.test_validator_sandbox import wait_warm
-from tests.integration.test_validator_service import settings
 from tests.integration.test_validator_terminal import (
     TERMINAL,
     live,
     made,
-    sandbox_settings,
     score_all,
     task_of,
+    terminal_stack,
 )
 
 SITE = "~/.local/lib/python3.11/site-packages"
@@ -152,13 +146,7 @@ CASES = (
 
 @pytest.fixture
 async def stack(nats_url: str, tmp_path: Path, sandbox_image: str) -> AsyncIterator[NATS]:
-    sandbox = SandboxService(sandbox_settings(nats_url, sandbox_image, tmp_path))
-    validator = ValidatorService(
-        settings(nats_url, sandbox_timeout_s=60.0, sandbox_grace_s=60.0, max_in_flight=4),
-        domains=DomainRegistry([TERMINAL]),
-    )
-    async with sandbox, validator, client(nats_url) as nc:
-        await wait_warm(sandbox, 4)
+    async with terminal_stack(nats_url, tmp_path, sandbox_image, timeout_s=60.0) as nc:
         yield nc
 
 

@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_validator_scaling.py"
-
-
-def load_bench() -> ModuleType:
-    # The bench imports bench_validator from its own folder, as when run as a script.
-    if str(BENCH.parent) not in sys.path:
-        sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("bench_validator_scaling", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the module executes.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benches import load_bench
 
 
 def test_a_tiny_run_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_bench()
+    bench = load_bench("bench_validator_scaling")
     assert bench.main(["--rollouts", "300", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "300 arithmetic rollouts a round, 1 rounds of each" in out
@@ -43,6 +25,6 @@ def test_a_tiny_run_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_cpu_seconds_reads_this_process() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_validator_scaling")
     assert bench.cpu_seconds(bench.os.getpid()) > 0
     assert bench.machine_busy_seconds() > 0

@@ -3,34 +3,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from services.engines.sglang.server import SGLangServer
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_weight_transport.py"
+from tests.benches import load_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_weight_transport", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the module executes.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_one_round_of_each_prints_every_figure(
     sglang_server: SGLangServer, tiny_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bench = load_bench()
+    bench = load_bench("bench_weight_transport")
     argv = ["--rounds", "1", "--server", sglang_server.url, "--model", str(tiny_model)]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out

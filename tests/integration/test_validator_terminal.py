@@ -9,6 +9,7 @@ in well under a minute.  Skips without Docker, unless CI=true or TEMPER_REQUIRE_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import tempfile
@@ -57,16 +58,25 @@ def sandbox_settings(url: str, image: str, tmp: Path) -> SandboxSettings:
     )
 
 
-@pytest.fixture
-async def stack(nats_url: str, tmp_path: Path, sandbox_image: str) -> AsyncIterator[NATS]:
-    sandbox = SandboxService(sandbox_settings(nats_url, sandbox_image, tmp_path))
+@contextlib.asynccontextmanager
+async def terminal_stack(
+    nats_url: str, tmp_path: Path, image: str, *, timeout_s: float
+) -> AsyncIterator[NATS]:
+    """The sandbox service, warm, and a validator of the terminal family; a connection."""
+    sandbox = SandboxService(sandbox_settings(nats_url, image, tmp_path))
     # A few rollouts at a time: each holds a sandbox of the pool for its whole replay.
     validator = ValidatorService(
-        settings(nats_url, sandbox_timeout_s=30.0, sandbox_grace_s=30.0, max_in_flight=4),
+        settings(nats_url, sandbox_timeout_s=timeout_s, sandbox_grace_s=timeout_s, max_in_flight=4),
         domains=DomainRegistry([TERMINAL]),
     )
     async with sandbox, validator, client(nats_url) as nc:
         await wait_warm(sandbox, 4)
+        yield nc
+
+
+@pytest.fixture
+async def stack(nats_url: str, tmp_path: Path, sandbox_image: str) -> AsyncIterator[NATS]:
+    async with terminal_stack(nats_url, tmp_path, sandbox_image, timeout_s=30.0) as nc:
         yield nc
 
 

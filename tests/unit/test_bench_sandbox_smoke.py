@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_sandbox.py"
-
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_sandbox", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the module executes.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benches import load_bench
 
 
 def test_without_docker_it_says_skipped_and_succeeds(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bench = load_bench()
+    bench = load_bench("bench_sandbox")
     monkeypatch.setattr(bench, "docker_problem", lambda: "the docker CLI is not installed")
     assert bench.main() == 0
     out = capsys.readouterr().out
@@ -35,7 +21,7 @@ def test_without_docker_it_says_skipped_and_succeeds(
 
 
 def test_percentile_is_nearest_rank() -> None:
-    percentile = load_bench().percentile
+    percentile = load_bench("bench_sandbox").percentile
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 50) == 50.0
     assert percentile(values, 95) == 95.0
@@ -44,7 +30,7 @@ def test_percentile_is_nearest_rank() -> None:
 
 
 def test_drive_runs_every_index_once_at_the_set_concurrency() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_sandbox")
     seen: list[int] = []
     running = peak = 0
 
@@ -63,7 +49,7 @@ def test_drive_runs_every_index_once_at_the_set_concurrency() -> None:
 
 
 def test_the_table_has_every_path_ratio_and_goal() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_sandbox")
     ms = 0.001
 
     def lane(rate: float, latency_ms: float, inside_ms: float | None = None) -> object:

@@ -108,10 +108,12 @@ async def test_tool_turns_append_ids_without_retokenizing(tokenizer: ChatTokeniz
 
 
 class RecordingTools(LocalTools):
-    """LocalTools that remember which id each tool session was opened for."""
+    """LocalTools that remember which id each tool session was opened for, and with
+    which files."""
 
     def __init__(self) -> None:
         self.opened: list[str] = []
+        self.files: list[Mapping[str, bytes] | None] = []
 
     async def open(
         self,
@@ -121,6 +123,7 @@ class RecordingTools(LocalTools):
         snapshot: str | None = None,
     ) -> ToolSession:
         self.opened.append(trajectory_id)
+        self.files.append(files)
         return await super().open(trajectory_id, allowed, files, snapshot)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -20,15 +19,11 @@ from protocol.messages import (
 from services.domains.api import SANDBOX_FILES, DomainError
 from services.domains.terminal.family import CATEGORIES, TEMPLATES, domain, problem
 from services.generator.agent import AgentLoop
-from services.generator.tools import (
-    LocalTools,
-    ToolSession,
-)
 from services.model.tokens import ChatTokenizer
 from services.validator.catalog import metadata_keys
 from services.validator.factory import Resources, build
 from services.validator.terminal import chain, commands
-from tests.unit.test_generator_agent import ScriptedEngine
+from tests.unit.test_generator_agent import RecordingTools, ScriptedEngine
 
 TERMINAL = domain("terminal", {})
 
@@ -104,28 +99,13 @@ def test_the_validator_needs_sandbox_sessions() -> None:
         build(spec, TERMINAL, Resources(), {})
 
 
-class FileTools(LocalTools):
-    def __init__(self) -> None:
-        self.files: list[Mapping[str, bytes] | None] = []
-
-    async def open(
-        self,
-        trajectory_id: str,
-        allowed: tuple[str, ...],
-        files: Mapping[str, bytes] | None = None,
-        snapshot: str | None = None,
-    ) -> ToolSession:
-        self.files.append(files)
-        return await super().open(trajectory_id, allowed, files, snapshot)
-
-
 async def test_the_generator_opens_the_session_with_the_task_files(tiny_model: Path) -> None:
     tokenizer = ChatTokenizer.load(tiny_model)
     body = json.dumps({"name": "bash", "arguments": {"code": "ls"}})
     engine = ScriptedEngine(
         [tokenizer.encode(f"<tool_call>{body}</tool_call>"), tokenizer.encode("Done.")]
     )
-    tools = FileTools()
+    tools = RecordingTools()
     task = TERMINAL.make_tasks(1, seed=5)[0]
     [generated] = await AgentLoop(engine, tokenizer, tools).run(task)
     expected = {p: t.encode() for p, t in task.metadata[SANDBOX_FILES].items()}
@@ -139,6 +119,6 @@ async def test_sandbox_files_that_are_not_text_make_the_rollout_invalid(tiny_mod
     engine = ScriptedEngine([tokenizer.encode(f"<tool_call>{body}</tool_call>")])
     task = TERMINAL.make_tasks(1, seed=5)[0]
     bad = msgspec.structs.replace(task, metadata={**task.metadata, SANDBOX_FILES: ["a.txt"]})
-    [generated] = await AgentLoop(engine, tokenizer, FileTools()).run(bad)
+    [generated] = await AgentLoop(engine, tokenizer, RecordingTools()).run(bad)
     assert generated.status is RolloutStatus.INVALID
     assert SANDBOX_FILES in (generated.error or "")

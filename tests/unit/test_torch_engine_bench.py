@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_generator.py"
-
-
-def load_bench() -> ModuleType:
-    # The bench imports its workload module from its own folder, as when run as a script.
-    if str(BENCH.parent) not in sys.path:
-        sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("bench_generator", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the module executes.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benches import load_bench
 
 
 def test_small_run_prints_both_goals(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_bench()
+    bench = load_bench("bench_generator")
     argv = ["--trajectories", "2", "--turns", "2", "--layers", "1", "--hidden", "64"]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
@@ -37,7 +19,7 @@ def test_small_run_prints_both_goals(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_reusable_is_the_longest_earlier_prefix_but_one_token() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_generator")
     seen = [[1, 2, 3, 4], [1, 2, 9]]
     assert bench.reusable([1, 2, 3, 7], seen) == 3
     assert bench.reusable([1, 2, 3, 4], seen) == 3  # the last token always runs
@@ -45,7 +27,7 @@ def test_reusable_is_the_longest_earlier_prefix_but_one_token() -> None:
 
 
 def test_render_marks_goals() -> None:
-    bench = load_bench()
+    bench = load_bench("bench_generator")
     on = bench.Lane("cache on", wall_s=1.0, reusable_tokens=100, cached_tokens=95)
     off = bench.Lane("cache off", wall_s=2.0, reusable_tokens=100)
     text = "\n".join(bench.render(on, off, bench.Workload(), "model"))
