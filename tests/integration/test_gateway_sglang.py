@@ -18,9 +18,9 @@ from services.engines.sglang.server import SGLangServer
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from services.generator.service import GeneratorService
-from services.generator.settings import GeneratorSettings
 from tests.integration.support import Tap, client, runtime
 from tests.integration.test_gateway_generation import engine_sample
+from tests.integration.test_generator_sglang import sglang_generator
 
 KEY = "sk-sglang-0123456789abcdef"
 
@@ -28,15 +28,7 @@ KEY = "sk-sglang-0123456789abcdef"
 async def test_a_conversation_through_the_gateway_on_sglang(
     nats_url: str, sglang_server: SGLangServer, tiny_model: Path
 ) -> None:
-    generator = GeneratorSettings(
-        runtime=runtime(nats_url, instance="gen-gw-sglang"),
-        model=tiny_model,
-        engine="sglang",
-        sglang_urls=(sglang_server.url,),
-        tools="local",
-        check_domains=False,
-        fetch_wait_s=0.2,
-    )
+    generator = sglang_generator(nats_url, sglang_server, tiny_model, instance="gen-gw-sglang")
     gateway = GatewaySettings(
         runtime=runtime(nats_url, instance="gw-sglang"),
         port=0,

@@ -21,6 +21,21 @@ from services.model.tokens import ChatTokenizer
 from tests.integration.support import client, runtime
 
 
+def sglang_generator(
+    nats_url: str, server: SGLangServer, model: Path, *, instance: str
+) -> GeneratorSettings:
+    """A generator serving from the session's CPU SGLang server, local tools."""
+    return GeneratorSettings(
+        runtime=runtime(nats_url, instance=instance),
+        model=model,
+        engine="sglang",
+        sglang_urls=(server.url,),
+        tools="local",
+        check_domains=False,
+        fetch_wait_s=0.2,
+    )
+
+
 async def test_torch_and_sglang_agree_on_greedy_tokens_and_logprobs(
     sglang_server: SGLangServer, tiny_model: Path
 ) -> None:
@@ -53,15 +68,7 @@ async def test_generator_service_on_sglang(
     async def on_rollout(msg: Msg) -> None:
         got.append(Codec(Rollout).decode(msg.data))
 
-    settings = GeneratorSettings(
-        runtime=runtime(nats_url, instance="gen-sglang"),
-        model=tiny_model,
-        engine="sglang",
-        sglang_urls=(sglang_server.url,),
-        tools="local",
-        check_domains=False,
-        fetch_wait_s=0.2,
-    )
+    settings = sglang_generator(nats_url, sglang_server, tiny_model, instance="gen-sglang")
     task = Task(
         id="on-sglang",
         domain="arith",
