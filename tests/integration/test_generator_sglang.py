@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -22,18 +23,19 @@ from tests.integration.support import client, runtime
 
 
 def sglang_generator(
-    nats_url: str, server: SGLangServer, model: Path, *, instance: str
+    nats_url: str, server: SGLangServer, model: Path, *, instance: str, **overrides: Any
 ) -> GeneratorSettings:
     """A generator serving from the session's CPU SGLang server, local tools."""
-    return GeneratorSettings(
-        runtime=runtime(nats_url, instance=instance),
-        model=model,
-        engine="sglang",
-        sglang_urls=(server.url,),
-        tools="local",
-        check_domains=False,
-        fetch_wait_s=0.2,
-    )
+    values: dict[str, Any] = {
+        "runtime": runtime(nats_url, instance=instance),
+        "model": model,
+        "engine": "sglang",
+        "sglang_urls": (server.url,),
+        "tools": "local",
+        "check_domains": False,
+        "fetch_wait_s": 0.2,
+    }
+    return GeneratorSettings(**(values | overrides))
 
 
 async def test_torch_and_sglang_agree_on_greedy_tokens_and_logprobs(

@@ -26,12 +26,12 @@ from services.engines.sglang.broadcast import GlooWeightSender
 from services.engines.sglang.engine import SGLangEngine
 from services.engines.sglang.server import SGLangServer
 from services.generator.service import GeneratorService
-from services.generator.settings import GeneratorSettings
 from services.learner.broadcast import BroadcastSettings, Sender, WeightServer
 from services.learner.trainer import Exported
 from services.model.weights import WEIGHTS_FILE, directory_digest
 from services.runtime import RuntimeSettings, Service
 from tests.integration.support import client, runtime
+from tests.integration.test_generator_sglang import sglang_generator
 from tests.integration.test_sglang_engine import (
     assert_close,
     greedy,
@@ -153,13 +153,11 @@ async def stack(
     nats_url: str, sglang_server: SGLangServer, tiny_model: Path
 ) -> AsyncIterator[Stack]:
     faults = Faults()
-    settings = GeneratorSettings(
-        runtime=runtime(nats_url, instance="gen-dist"),
-        model=tiny_model,
-        engine="sglang",
-        sglang_urls=(sglang_server.url,),
-        tools="local",
-        check_domains=False,
+    settings = sglang_generator(
+        nats_url,
+        sglang_server,
+        tiny_model,
+        instance="gen-dist",
         weight_update_timeout_s=120,
         weight_disk_fallback=False,
     )
