@@ -27,7 +27,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stack_figures import learner_stages, learner_steps
 
@@ -188,17 +188,31 @@ class Comparison:
     run_dir: Path
 
 
+class Scorer(Protocol):
+    def accuracy(self, model_dir: Path) -> dict[str, float]:
+        """Held-out greedy accuracy of a model directory, by domain."""
+        ...
+
+
 def compare(
-    out: Path, mix: Mix, rows: list[dict[str, Any]], minutes: float, threads: int, **spec: Any
+    out: Path,
+    mix: Mix,
+    rows: list[dict[str, Any]],
+    minutes: float,
+    threads: int,
+    scorer: Scorer | None = None,
+    **spec: Any,
 ) -> Comparison:
     """TRL on ``rows`` (its spec completed by ``spec``), then Temper's stack on ``mix``,
-    from the same start policy for ``minutes`` each; TRL's snapshots scored on the eval
-    domains' held-out problems, as many as Temper's evaluation takes."""
+    from the same start policy for ``minutes`` each; TRL's snapshots scored by ``scorer``
+    (default: decoded here on the eval domains' held-out problems, as many as Temper's
+    evaluation takes)."""
     run = out / "temper"
     model = prepare(run, mix.flags)
     full = {**mix.settings.trl_spec(model, rows, minutes, threads), **spec}
-    limit = mix.plan.eval_problems
-    scorer = HeldoutScorer([HeldoutSet.of(domain, limit=limit) for domain in mix.domains.eval])
+    if scorer is None:
+        limit = mix.plan.eval_problems
+        scorer = HeldoutScorer([HeldoutSet.of(d, limit=limit) for d in mix.domains.eval])
     trl = trl_side(run_trl(out / "trl", full), scorer, mix.settings.minibatches)
     cpu = run_temper(
         [*TEMPER, "train", *mix.flags, "--run-dir", str(run), "--minutes", str(minutes)]
@@ -249,7 +263,7 @@ def run_trl(work: Path, spec: dict[str, Any]) -> TrlRun:
     )
 
 
-def trl_side(run: TrlRun, scorer: HeldoutScorer, minibatches: int) -> Side:
+def trl_side(run: TrlRun, scorer: Scorer, minibatches: int) -> Side:
     steps = int(run.summary["steps"])
     return Side(
         name="trl",

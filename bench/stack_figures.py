@@ -58,6 +58,12 @@ def service_lines(run: Path, batch: int) -> list[str]:
         f"{_mean(gen, 'generate')}, rollout publish {_mean(gen, 'publish')}; "
         f"weight reload {_mean(gen, 'weight_reload')} x {gen.get('count_weight_reload', 0):.0f}",
     ]
+    if gen.get("count_tool"):
+        lines.append(
+            f"generator tool execution (agent domains): {gen['time_tool_s'] / samples * 1000:.0f}"
+            f" ms per sample, in a task of {_mean(gen, 'generate')} (its samples call at once); "
+            f"infra failures {gen.get('rollouts_infra_failure', 0):.0f} of {samples:.0f} samples"
+        )
     if val:
         lines.append(f"validator busy per batch: {_ms(val, 'validate', batch / max(samples, 1))}")
     if rep:

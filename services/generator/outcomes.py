@@ -97,6 +97,8 @@ class Outcomes:
         trace_id = delivery.trace_id or None
         if outcome.suspended:
             await self._requeue(task, outcome.suspended, delivery)
+        if task.tools:  # the tools' seconds of the task's samples
+            self._stages.add("tool", sum(r.timings.tool_s for r in plan.publish))
         with self._stages.stage("publish"):
             for rollout in plan.publish:
                 await wiring.bus.publish(

@@ -1,6 +1,6 @@
 """The TRL side-by-side benchmarks' plumbing (bench/peer_run.py, peer_report.py,
-bench_mix.py); their figures are printed, never asserted, and their runs are too long for
-a test."""
+bench_mix.py, bench_agentic.py); their figures are printed, never asserted, and their runs
+are too long for a test."""
 
 from __future__ import annotations
 
@@ -100,3 +100,34 @@ def test_trl_gets_the_run_configs_learner_settings_and_mix(
     parsed = importlib.import_module("grpo_spec").parse_spec(spec)
     assert (parsed.minibatches, parsed.samples_per_update) == (4, 32)
     assert parsed.mask_truncated_completions
+
+
+def test_trl_gets_the_tool_domain_its_tool_and_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What bench_agentic hands TRL for the tool run config: its rows, its rule, the
+    domain's tool, sandbox timeout and turns; the TRL runner's own checks accept it.  Its
+    snapshots are judged by ``temper eval`` on the run's own domains config."""
+    bench, peer = load_bench("bench_agentic"), load_bench("peer_run")
+    mix = peer.read_mix(["--config", str(bench.CONFIG)], tmp_path / "domains")
+    domain = mix.domains.train[0][0]
+    extras = bench.trl_extras(mix)
+    assert extras["rewards"] == {domain.name: "tool_answer"}
+    assert (extras["tools"], extras["tool_timeout_s"]) == (["python"], domain.sandbox.timeout_s)
+    assert extras["max_tool_calls"] == domain.max_turns - 1
+    monkeypatch.setattr(bench, "TRL_ROWS", 50)
+    rows = bench.trl_rows(mix)
+    assert {r["domain"] for r in rows} == {domain.name} and len(rows) == 50
+    spec = {**mix.settings.trl_spec(tmp_path, rows, 0.5, 1), **extras}
+    monkeypatch.syspath_prepend(str(Path(peer.TRL_PEER)))
+    parsed = importlib.import_module("grpo_spec").parse_spec(spec)
+    assert parsed.tools == ["python"] and parsed.max_new_tokens == domain.max_tokens
+    command = bench.EvalScorer(mix, tmp_path).command(tmp_path / "t0150.0", tmp_path / "out")
+    assert command[command.index("--domains") + 1] == domain.name
+    assert command[command.index("--domains-config") + 1] == str(mix.domains.config)
+    assert command[command.index("--limit") + 1] == str(mix.plan.eval_problems)
+
+
+def test_a_reports_greedy_success_is_read_by_domain() -> None:
+    report = {"domains": {"modpow": {"unit": {"greedy": {"value": 0.75, "low": 0.6}}}}}
+    assert load_bench("bench_agentic").greedy_by_domain(report) == {"modpow": 0.75}

@@ -7,11 +7,16 @@ grpo_run.py, which wires it into TRL's GRPOTrainer, runs only in the peer's own 
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from protocol.messages import ChatMessage
+from services.model.tokens import ChatTokenizer
+from services.model.tool_format import tool_call_text
 
 PEER = Path(__file__).resolve().parents[2] / "deploy" / "peers" / "trl"
 
@@ -148,3 +153,90 @@ def test_conversational_completions_are_read_as_the_assistants_text(peer: Module
     turns = [{"role": "assistant", "content": "<answer>"}, {"role": "assistant", "content": "7"}]
     assert peer.completion_text(turns) == "<answer>7"
     assert peer.completion_text("plain") == "plain"
+
+
+# --- tools ----------------------------------------------------------------------------------
+
+CALL = {"name": "python", "arguments": {"code": "print(pow(3, 5, 7))"}}
+
+
+def tool_turns(output: str = "5\n") -> list[dict[str, Any]]:
+    """A TRL completion with one tool round: the call, the output, the answer."""
+    call = {"type": "function", "function": CALL}
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "python", "content": output},
+        {"role": "assistant", "content": "<answer>5</answer>"},
+    ]
+
+
+def test_a_tool_completion_reads_as_temper_writes_it(peer: ModuleType) -> None:
+    text = peer.completion_text(tool_turns())
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(pow(3, 5, 7))"}}</tool_call>'
+    assert text == f"{call}5\n<answer>5</answer>"
+
+
+def test_the_tool_rule_is_temper_s_exact_answer_and_call_format(peer: ModuleType) -> None:
+    text = peer.completion_text(tool_turns())
+    assert peer.tool_answer(text, "5") == pytest.approx(1.0)
+    assert peer.tool_answer(text, "6") == pytest.approx(0.2)  # the call alone
+    # Temper's exact validator: edge punctuation, case and spaces do not count.
+    assert peer.tool_answer("<answer> 5. </answer>", "5") == pytest.approx(0.8)
+    bad = '<tool_call>{"name": "bash", "arguments": {}}</tool_call><tool_call>{oops</tool_call>'
+    assert peer.tool_format(bad) == 0.0  # no well-formed call of a known tool
+    mixed = f"{bad}<tool_call>{json.dumps(CALL)}</tool_call>"
+    assert peer.tool_format(mixed) == pytest.approx(1 / 3)
+    assert peer.parse_spec(tool_spec()).scorers()["modpow"](text, "5") == pytest.approx(1.0)
+
+
+def tool_spec(**fields: Any) -> dict[str, Any]:
+    tools = {"train": [row("5", "modpow")], "rewards": {"modpow": "tool_answer"}}
+    return spec(**{**tools, "tools": ["python"], **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "key", "words"),
+    [
+        ({"tools": ["bash"]}, "tools[0]", "unknown tool 'bash'"),
+        ({"tools": []}, "tools", "is empty"),
+        ({"tool_timeout_s": 0}, "tool_timeout_s", "> 0"),
+        ({"max_tool_calls": 0}, "max_tool_calls", ">= 1"),
+    ],
+)
+def test_a_bad_tool_setting_is_named(
+    peer: ModuleType, fields: dict[str, Any], key: str, words: str
+) -> None:
+    with pytest.raises(peer.SpecError) as caught:
+        peer.parse_spec(tool_spec(**fields))
+    assert caught.value.key == key
+    assert words in str(caught.value)
+
+
+def test_the_tool_template_renders_the_ids_temper_s_agent_loop_holds(
+    peer: ModuleType, tiny_model: Path
+) -> None:
+    """TRL builds a tool round's ids from this template; they must be the ids Temper's loop
+    holds for the same round: the prompt as the model's own template renders it, the call,
+    then the observation Temper appends (end of turn, tool turn, next assistant turn)."""
+    from transformers import AutoTokenizer
+
+    ours = ChatTokenizer.load(tiny_model)
+    hf = AutoTokenizer.from_pretrained(str(tiny_model))
+    prompt = [{"role": "system", "content": "Use python."}, {"role": "user", "content": "3^5%7?"}]
+    conversation = [*prompt, *tool_turns()[:2]]
+    rendered = hf.apply_chat_template(
+        conversation,
+        chat_template=peer.TOOL_CHAT_TEMPLATE,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    held = ours.render([ChatMessage(role=m["role"], content=m["content"]) for m in prompt])
+    held += ours.encode(tool_call_text("python", CALL["arguments"]))
+    held += ours.encode(ours.observation("5\n"))
+    assert list(rendered) == held
+    # TRL keeps a template only if it is prefix-preserving (else it swaps in its own).
+    before = hf.apply_chat_template(
+        conversation[:3], chat_template=peer.TOOL_CHAT_TEMPLATE, tokenize=True, return_dict=False
+    )
+    assert list(rendered[: len(before)]) == list(before)

@@ -24,7 +24,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import json  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -33,7 +35,15 @@ from typing import Any, TextIO  # noqa: E402
 import torch  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from grpo_spec import NO_DOMAIN, Spec, SpecError, completion_text, load_spec, route  # noqa: E402
+from grpo_spec import (  # noqa: E402
+    NO_DOMAIN,
+    TOOL_CHAT_TEMPLATE,
+    Spec,
+    SpecError,
+    completion_text,
+    load_spec,
+    route,
+)
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -71,11 +81,104 @@ def answer_reward_of(spec: Spec) -> RewardFunc:
     return answer_reward
 
 
+# --- tools --------------------------------------------------------------------------------
+
+#: How TRL reads a turn's tool calls from the model's text (transformers' response template):
+#: ``<tool_call>{json}</tool_call>`` blocks after the turn's text, as Qwen3's template has it.
+RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+#: Seconds of the training clock by what they went to (the rest of it is training).
+Seconds = dict[str, float]
+
+
+def python_tool(timeout_s: float, scratch: Path, seconds: Seconds) -> Callable[[str], str]:
+    """The ``python`` tool: the code in a fresh interpreter (a subprocess in a scratch
+    folder) with the domain's timeout, returning what it prints, stderr after stdout, as
+    Temper's sandboxed ``python`` returns it.  Its time is added to ``seconds["tools"]``."""
+
+    def python(code: str) -> str:
+        """Run Python code and return what it prints.
+
+        Args:
+            code: The Python program to run.
+        """
+        began = time.monotonic()
+        try:
+            return _run_python(code, timeout_s, scratch)
+        finally:
+            seconds["tools"] = seconds.get("tools", 0.0) + time.monotonic() - began
+
+    return python
+
+
+def _run_python(code: str, timeout_s: float, scratch: Path) -> str:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=scratch,
+        )
+    except subprocess.TimeoutExpired as error:
+        printed = error.stdout.decode() if isinstance(error.stdout, bytes) else error.stdout
+        return f"{printed or ''}\ntimed out after {timeout_s:g} s"
+    return done.stdout + (f"\n{done.stderr}" if done.stderr else "")
+
+
+def use_tool_format(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Tool calls written and read as Temper's agent loop does: a turn ends at its call
+    (``</tool_call>`` stops generation, as in Temper's loop), and conversations render
+    with :data:`TOOL_CHAT_TEMPLATE`."""
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.response_template = RESPONSE_TEMPLATE
+    call_end = tokenizer.convert_tokens_to_ids("</tool_call>")
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, call_end]
+
+
+class ToolTurnTrainer(GRPOTrainer):
+    """TRL's trainer with one change to its tool loop: a turn that stopped at its call is
+    closed with the end-of-turn token before the tool's output, as Temper's loop closes it
+    (TRL's own suffix assumes the turn ended with that token).  Both sides then train on
+    ``...</tool_call><|im_end|>\\n<|im_start|>tool\\n{output}<|im_end|>\\n<|im_start|>assistant\\n``,
+    the tool's part out of the loss."""
+
+    def __init__(self, *args: Any, seconds: Seconds, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seconds = seconds
+
+    def _get_tool_suffix_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
+        suffix = super()._get_tool_suffix_ids(tool_messages)
+        return [self._tokenizer.eos_token_id, *suffix]
+
+    def _generate(self, prompts: list[Any]) -> Any:
+        """Generation with its tool rounds, timed (the tools' own share is the tool's)."""
+        began = time.monotonic()
+        try:
+            return super()._generate(prompts)
+        finally:
+            self.seconds["generate"] = self.seconds.get("generate", 0.0) + time.monotonic() - began
+
+
 # --- training clock, snapshots and step log -----------------------------------------------
 
 
 #: Figures TRL logs once per generation batch (with the batch's first optimizer step).
-_BATCH_METRICS = ("reward", "completions/mean_length")
+_BATCH_METRICS = ("reward", "completions/mean_length", "tools/call_frequency")
 
 
 class BudgetCallback(TrainerCallback):
@@ -150,6 +253,7 @@ class BudgetCallback(TrainerCallback):
             "reward_mean": self.batch_metrics.get("reward"),
             # Not required by the step contract; kept so tokens/s can be compared too.
             "completion_len_mean": self.batch_metrics.get("completions/mean_length"),
+            "tool_calls_mean": self.batch_metrics.get("tools/call_frequency"),
         }
         self.steps.write(json.dumps(row) + "\n")
         self.steps.flush()
@@ -216,6 +320,7 @@ def grpo_config(spec: Spec, out_dir: Path) -> GRPOConfig:
         eval_strategy="no",
         disable_tqdm=True,  # one line per step of our own instead
         dataloader_num_workers=0,
+        max_tool_calling_iterations=spec.max_tool_calls if spec.tools else None,
     )
 
 
@@ -234,7 +339,9 @@ def train_dataset(spec: Spec) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def write_summary(out_dir: Path, spec: Spec, steps: int, train_seconds: float) -> dict[str, Any]:
+def write_summary(
+    out_dir: Path, spec: Spec, steps: int, train_seconds: float, seconds: Seconds
+) -> dict[str, Any]:
     samples = steps * spec.samples_per_update
     summary = {
         "steps": steps,
@@ -246,6 +353,8 @@ def write_summary(out_dir: Path, spec: Spec, steps: int, train_seconds: float) -
         "threads": spec.threads,
         "minibatches": spec.minibatches,
         "mask_truncated_completions": spec.mask_truncated_completions,
+        # With tools: seconds in generation with its tool rounds, and in the tools alone.
+        "seconds": {name: round(value, 3) for name, value in seconds.items()},
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -265,18 +374,31 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(spec.threads)
 
     model, tokenizer = load_model(spec.model_dir)
-    with (out_dir / "steps.jsonl").open("w") as steps:
+    if spec.tools:
+        use_tool_format(model, tokenizer)
+    with (
+        (out_dir / "steps.jsonl").open("w") as steps,
+        tempfile.TemporaryDirectory(prefix="grpo-tool-") as scratch,
+    ):
         callback = BudgetCallback(spec, out_dir, tokenizer, steps)
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=answer_reward_of(spec),
-            args=grpo_config(spec, out_dir),
-            train_dataset=train_dataset(spec),
-            processing_class=tokenizer,
-            callbacks=[callback],
-        )
+        seconds: Seconds = {}
+        common: dict[str, Any] = {
+            "model": model,
+            "reward_funcs": answer_reward_of(spec),
+            "args": grpo_config(spec, out_dir),
+            "train_dataset": train_dataset(spec),
+            "processing_class": tokenizer,
+            "callbacks": [callback],
+        }
+        if spec.tools:
+            tools = [python_tool(spec.tool_timeout_s, Path(scratch), seconds)]
+            trainer: GRPOTrainer = ToolTurnTrainer(**common, tools=tools, seconds=seconds)
+        else:
+            trainer = GRPOTrainer(**common)
         trainer.train()
-    summary = write_summary(out_dir, spec, trainer.state.global_step, callback.step_elapsed)
+    summary = write_summary(
+        out_dir, spec, trainer.state.global_step, callback.step_elapsed, seconds
+    )
     log(f"trl done: {json.dumps(summary)}")
     return 0
 

@@ -8,6 +8,12 @@ naming the field (``minibatches``, ``train[3].domain``, ``rewards['x']``).
 Rewards: each train row may name its ``domain``; the spec's ``rewards`` maps each domain
 to a rule by name, and each completion is scored by its row's domain's rule.  Rows without
 a domain (and no ``rewards``) are scored by ``answer_exact``.
+
+Tools: a spec that names ``tools`` (``python``) trains with TRL's tool loop.  The model's
+calls and the tool outputs are written as Temper's agent loop writes them
+(``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, then a ``tool`` turn):
+:data:`TOOL_CHAT_TEMPLATE` renders a conversation with tool calls in that format, so the
+token ids TRL builds between turns are the ones Temper's loop appends.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 import re
 import types
 import typing
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +77,55 @@ def answer_number(text: str, answer: str) -> float:
     return 1.0 if got is not None and got == number(answer) else 0.0
 
 
+_SPACES = re.compile(r"\s+")
+#: What Temper's ``exact`` validator strips from an answer's edges, spaces collapsed first.
+EDGE_PUNCTUATION = "\"'`.,;:!? "
+
+
+def normalized(text: str) -> str:
+    """NFKC, whitespace collapsed, edge punctuation dropped, case folded: how Temper's
+    ``exact`` validator compares an answer."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFKC", text)).strip(EDGE_PUNCTUATION).casefold()
+
+
+def tool_call_text(name: object, arguments: object) -> str:
+    """One tool call as the model writes it (Temper's ``services/model/tool_format.py``)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+#: The tools a spec may name: the sandboxed ``python`` of Temper's tool domains.
+TOOLS = ("python",)
+
+
+def tool_format(text: str) -> float:
+    """Temper's ``tool_call`` validator (``min_calls = 1``): the share of well-formed calls
+    (JSON with a string ``name`` of a known tool and object ``arguments``), 0 without one."""
+    calls = [_well_formed(block) for block in TOOL_CALL.findall(text)]
+    good = sum(calls)
+    return good / len(calls) if good else 0.0
+
+
+def _well_formed(block: str) -> bool:
+    try:
+        body = json.loads(block.strip())
+    except ValueError:
+        return False
+    return (
+        isinstance(body, dict)
+        and body.get("name") in TOOLS
+        and isinstance(body.get("arguments", {}), dict)
+    )
+
+
+def tool_answer(text: str, answer: str) -> float:
+    """Temper's tool domains' reward: 0.8 for the last answer tag equal to the answer
+    (compared as Temper's ``exact`` validator compares), 0.2 for well-formed tool calls."""
+    given = last_answer(text)
+    right = given is not None and normalized(given) == normalized(answer)
+    return 0.8 * right + 0.2 * tool_format(text)
+
+
 def last_answer_number(text: str, answer: str) -> float:
     """1.0 when the last answer tag holds a number equal to the answer: Temper's math
     validator's reading (the last tag, compared as numbers)."""
@@ -92,6 +148,7 @@ RULES: dict[str, Rule] = {
     "last_answer_number": Rule(
         last_answer_number, lambda answer: number(answer) is not None, "a number"
     ),
+    "tool_answer": Rule(tool_answer, lambda answer: bool(answer.strip()), "a non-empty string"),
 }
 #: The rule of rows that name no domain (the runner's only rule before domains).
 DEFAULT_RULE = "answer_exact"
@@ -101,11 +158,41 @@ NO_DOMAIN = ""
 Scorer = Callable[[str, str], float]
 
 
-def completion_text(completion: str | list[dict[str, str]]) -> str:
-    """TRL hands conversational completions as a list of messages; the text is the assistant's."""
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """TRL hands conversational completions as a list of messages.  The text is what
+    Temper's completion text holds: the assistant's turns, each tool call written as the
+    model wrote it, and the tool outputs between them."""
     if isinstance(completion, str):
         return completion
-    return "".join(m.get("content", "") for m in completion if m.get("role") == "assistant")
+    parts: list[str] = []
+    for message in completion:
+        if message.get("role") == "tool":
+            parts.append(str(message.get("content", "")))
+        if message.get("role") != "assistant":
+            continue
+        parts.append(str(message.get("content") or ""))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call)
+            parts.append(tool_call_text(function.get("name"), function.get("arguments")))
+    return "".join(parts)
+
+
+#: ChatML as the warmed-up policies' own template writes it, plus what a tool loop needs:
+#: an assistant turn's calls as ``<tool_call>{json}</tool_call>`` after its text, and a
+#: ``tool`` turn for each output.  ``tojson`` writes what Python's ``json.dumps`` does.
+TOOL_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set function = call['function'] if 'function' in call else call %}"
+    "{{ '<tool_call>' + {'name': function['name'], 'arguments': function['arguments']} | tojson"
+    " + '</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def route(
@@ -148,6 +235,11 @@ class Spec:
     mask_truncated_completions: bool = False
     # Domain -> rule name (RULES), for rows that name their domain.
     rewards: dict[str, str] | None = None
+    # Tools the model may call (TOOLS), each run in a subprocess with this timeout; at most
+    # this many tool rounds a completion (Temper's domain ``max_turns`` less the last).
+    tools: list[str] | None = None
+    tool_timeout_s: float = 10.0
+    max_tool_calls: int = 3
 
     @property
     def samples_per_update(self) -> int:
@@ -206,6 +298,7 @@ def parse_spec(raw: Any) -> Spec:
     _check_numbers(spec)
     _check_batches(spec)
     _check_rows(spec)
+    _check_tools(spec)
     return spec
 
 
@@ -243,6 +336,8 @@ _LOWER: dict[str, tuple[float, bool]] = {
     "minibatches": (1, True),
     "lr_decay_steps": (0, True),
     "lr_final": (0, True),
+    "tool_timeout_s": (0, False),
+    "max_tool_calls": (1, True),
 }
 
 
@@ -354,3 +449,11 @@ def _check_answers(spec: Spec, rewards: Mapping[str, str]) -> None:
                 f"train[{index}].answer",
                 f"{row['answer']!r} is not {rule.answer_needs}, as its rule needs",
             )
+
+
+def _check_tools(spec: Spec) -> None:
+    for index, name in enumerate(spec.tools or []):
+        if name not in TOOLS:
+            raise SpecError(f"tools[{index}]", f"unknown tool {name!r} (known: {', '.join(TOOLS)})")
+    if spec.tools is not None and not spec.tools:
+        raise SpecError("tools", "is empty (leave it out for no tools)")
