@@ -464,8 +464,12 @@ def _admitted_samples(task: Task) -> tuple[int, bool]:
     them there.  A held-out task is never trained on.  A gateway call waits for the
     trajectories it starts (one rollout each, however many calls they take) but reserves
     nothing: its session may never be rewarded, and a reservation never trained on would
-    shrink the budget for good; once trained, the learner's count takes them in."""
-    if is_heldout(task):
+    shrink the budget for good; once trained, the learner's count takes them in.  A
+    resumed (preempted) or retried task's samples were reserved when it first started and
+    are trained once: waiting or reserving again would count them twice, and over a run
+    (245 preemptions in 15 minutes of the tool run) fill the budget for good, so that
+    nothing starts again while the learner waits for a batch."""
+    if is_heldout(task) or task.resume or task.attempt:
         return 0, True
     if task.call is not None:
         return min(task.call.new_samples, len(task.sample_indices)), False

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
+from protocol.messages import ChatMessage, SavedTrajectory, Task
 from services.generator.scheduling.admission import StalenessAdmission
+from services.generator.service import _admitted_samples
 
 
 async def test_tasks_wait_until_the_learner_has_consumed_enough() -> None:
@@ -66,3 +69,18 @@ async def test_a_call_waits_for_room_but_reserves_none() -> None:
     admission.learner_trained(2)
     await asyncio.wait_for(waiting, 1)
     assert admission.ahead() == 2  # what it waited for was not counted as started
+
+
+def test_resumed_and_retried_samples_are_not_reserved_twice() -> None:
+    """A preempted sample goes on in a new task, a failed one is retried in one: both
+    were reserved when their task first started.  Reserving them again would leave the
+    budget full once the learner has trained them, and stall the run."""
+    prompt = [ChatMessage(role="user", content="2^10 mod 7?")]
+    task = Task(id="t", domain="modpow", prompt=prompt, n=4)
+    assert _admitted_samples(task) == (4, True)
+    saved = [SavedTrajectory(sample_index=1)]
+    resumed = msgspec.structs.replace(task, samples=[1], resume=saved, preemptions=1)
+    assert _admitted_samples(resumed) == (0, True)
+    assert _admitted_samples(msgspec.structs.replace(task, samples=[2], attempt=1)) == (0, True)
+    # Handed back before it started (no saved state): its reservation was never made.
+    assert _admitted_samples(msgspec.structs.replace(task, preemptions=1)) == (4, True)
