@@ -511,6 +511,9 @@ class Batch(Message, tag="batch"):
     items: list[ScoredRollout] = []
     status: BatchStatus = BatchStatus.OK
     dropped_stale: NonNegInt = 0
+    #: Members that left untrained with their group while serving this request (infra
+    #: failures, invalid): like stale drops, started samples that will never be trained.
+    excluded: NonNegInt = 0
     remaining: NonNegInt = 0
     #: Trace id of each served rollout (by rollout id), for the learner's ledger.
     traces: dict[str, str] = {}
@@ -568,6 +571,12 @@ class PolicyUpdate(Message, tag="policy_update"):
     #: generators pace their admission by it.  Announced again, with the same version,
     #: after batches that changed no weight.
     trained_samples: NonNegInt = 0
+    #: ``trained_samples`` plus the samples the replay buffer let go untrained on their way
+    #: to this learner (stale, or excluded with their group): everything started that will
+    #: never be trained.  Generators pace their admission by it: counting only what was
+    #: trained, every drop would stay "ahead" for good and shrink the budget until nothing
+    #: starts.
+    settled_samples: NonNegInt = 0
     #: With ``TORCH_DISTRIBUTED``: the same weights as a Hugging Face directory (digest
     #: ``digest``), for engines that cannot receive a broadcast; empty when there is none.
     path: str = ""

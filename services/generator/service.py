@@ -359,7 +359,7 @@ class GeneratorService(Service):
         finally:
             # Room for new work only once the new weights serve, so that work starts on
             # them: with one batch of room this makes the loop synchronous (on-policy).
-            self.admission.learner_trained(update.trained_samples)
+            self.admission.learner_trained(settled_samples(update))
 
     async def _swap(self, update: PolicyUpdate) -> None:
         started = time.monotonic()
@@ -457,6 +457,12 @@ class GeneratorService(Service):
         values.update(self.scheduler.statistics())
         values.update(self.stages.figures())
         return values
+
+
+def settled_samples(update: PolicyUpdate) -> int:
+    """What the learner's update says will never come back to be trained: trained, or
+    dropped untrained by the buffer (a learner that predates the count reports none)."""
+    return max(update.trained_samples, update.settled_samples)
 
 
 def _admitted_samples(task: Task) -> tuple[int, bool]:

@@ -216,6 +216,7 @@ class LearnerService(Service):
         )
         trainer.version = announced.version
         trainer.consumed = max(trainer.consumed, announced.trained_samples)
+        trainer.dropped = max(trainer.dropped, announced.settled_samples - trainer.consumed)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         return [self._train_loop(), self.acks.run()]
@@ -229,6 +230,11 @@ class LearnerService(Service):
             stages = Stages()
             with stages.stage("batch"):
                 batch = await self._next_batch()
+            if batch is not None:
+                # Acked by the buffer as it served: counted here, kept with the checkpoint
+                # (a crash before the next one forgets these few, and admission is that
+                # much stricter).
+                self.trainer.dropped += batch.dropped_stale + batch.excluded
             # The buffer serves nothing below ``min_samples``; what it serves is leased to
             # this learner until committed, and trained on.
             if batch is None or not batch.items:
@@ -462,10 +468,11 @@ class LearnerService(Service):
             step=trainer.step,
             created_at=time.time(),
             trained_samples=trainer.consumed,
+            settled_samples=trainer.settled,
         )
         if self.weights is not None:
             update = await self.weights.offer(exported, update)
-        msg_id = f"policy-{exported.version}-{exported.digest}-{trainer.consumed}"
+        msg_id = f"policy-{exported.version}-{exported.digest}-{trainer.settled}"
         await self._publish_patiently(subjects.policy_update(), update, msg_id)
         if self.weights is not None:
             self.weights.announced(exported.version)

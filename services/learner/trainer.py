@@ -205,6 +205,9 @@ class Trainer:
         self._weights_of = (0, 0)
         #: Samples handed to ``train`` so far, whether they moved the weights or not.
         self.consumed = 0
+        #: Samples the replay buffer let go untrained on their way here (stale, excluded):
+        #: with ``consumed``, what has settled for the generators' admission.
+        self.dropped = 0
         # The service may stop while a step runs in its worker thread: a checkpoint or an
         # export waits for that step instead of saving half-updated weights.
         self._lock = threading.Lock()
@@ -493,6 +496,7 @@ class Trainer:
             "rng": torch.get_rng_state(),
             "shuffle": self._shuffle.get_state(),
             "consumed": self.consumed,
+            "dropped": self.dropped,
             "weights_of": list(self._weights_of),
             "extra": extra,
         }
@@ -549,6 +553,7 @@ class Trainer:
         if "shuffle" in state:
             self._shuffle.set_state(state["shuffle"])
         self.consumed = int(state.get("consumed", 0))
+        self.dropped = int(state.get("dropped", 0))
         # Without the record (an older checkpoint) the weights may have moved past the
         # version: nothing is measured until the next one.
         version, step = state.get("weights_of", (self.version, -1))
@@ -568,6 +573,11 @@ class Trainer:
             self.version, self.step = version, step
             self._weights_of = (version, step)
             self.consumed += samples
+
+    @property
+    def settled(self) -> int:
+        """Samples that will never come back to be trained: consumed, or dropped."""
+        return self.consumed + self.dropped
 
     def current_weights(self) -> Exported | None:
         """The published directory of the current version, if it is still on disk."""

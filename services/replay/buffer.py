@@ -66,6 +66,8 @@ class Counts:
 class Selection:
     items: list[ScoredRollout]
     dropped_stale: int
+    #: Members that left untrained with their group (infra failures, invalid).
+    excluded: int
     remaining: int
 
 
@@ -195,6 +197,7 @@ class ReplayBuffer:
     ) -> Selection:
         now = time.monotonic() if now is None else now
         stale = self._drop_stale(learner_version, max_staleness)
+        excluded_before = self.counts.excluded
         ready = [g for g in self._groups.values() if self._ready(g, whole_groups, now)]
         chosen: list[ScoredRollout] = []
         for group in self._order(ready, domain_weights):
@@ -211,7 +214,12 @@ class ReplayBuffer:
                 break
         remaining = sum(len(g.usable()) for g in self._groups.values())
         self.counts.served += len(chosen)
-        return Selection(items=chosen, dropped_stale=stale, remaining=remaining)
+        return Selection(
+            items=chosen,
+            dropped_stale=stale,
+            excluded=self.counts.excluded - excluded_before,
+            remaining=remaining,
+        )
 
     def available(
         self,

@@ -127,10 +127,12 @@ class ReplayService(Service):
         budget = _SizeBudget(self.bus.max_payload - _ENVELOPE_BYTES)
         selection = self._select(request, budget)
         items, dropped = list(selection.items), selection.dropped_stale
+        excluded = selection.excluded
         while len(items) < request.max_samples and await self._arrival(deadline):
             more = self._select(request, budget, len(items))
             items.extend(more.items)
             dropped += more.dropped_stale
+            excluded += more.excluded
             selection = more
         status = _status(len(items), request.max_samples)
         return Batch(
@@ -138,6 +140,7 @@ class ReplayService(Service):
             items=items,
             status=status,
             dropped_stale=dropped,
+            excluded=excluded,
             remaining=selection.remaining,
             traces={i.id: self._traces.get(i.id, "") for i in items},
         )

@@ -156,12 +156,13 @@ def test_checkpoint_resumes_exactly(tiny_model: Path, tmp_path: Path) -> None:
     config = TrainerConfig(lr=1e-3, minibatches=2, epochs=2)
     first = Trainer(tiny_model, tmp_path / "a", config)
     first.train(batch)
+    first.dropped = 4
     first.export(keep=2)
     first.save_checkpoint({"ledger": {"position": 123}})
     second = Trainer(tiny_model, tmp_path / "a", config)
     loaded = second.resume()
     assert loaded is not None and loaded.state["extra"] == {"ledger": {"position": 123}}
-    assert (second.step, second.version, second.consumed) == (1, 1, 6)
+    assert (second.step, second.version, second.consumed, second.settled) == (1, 1, 6, 10)
     for _ in range(2):
         first.train(batch)
         second.train(batch)
