@@ -19,13 +19,27 @@ DEFAULT_METRICS: Final[tuple[tuple[str, str], ...]] = (
     ("unit", "pass_at_1"),
     ("unit", "greedy"),
     ("unit", "pass_at_k"),
+    ("unit", "tool_format"),
     ("system", "success_rate"),
     ("system", "infra_failure_rate"),
+    ("system", "tokens_per_solved"),
+    ("system", "generator_s_per_solved"),
+    ("system", "sandbox_s_per_solved"),
     ("chain", "completion_rate"),
     ("chain", "recovery_rate"),
+    ("chain", "tool_error_rate"),
 )
 #: Metrics where a rise is the bad direction.
-HIGHER_IS_WORSE: Final = frozenset({"infra_failure_rate", "invalid_rate", "tool_error_rate"})
+HIGHER_IS_WORSE: Final = frozenset(
+    {
+        "infra_failure_rate",
+        "invalid_rate",
+        "tool_error_rate",
+        "tokens_per_solved",
+        "generator_s_per_solved",
+        "sandbox_s_per_solved",
+    }
+)
 MACRO: Final = "(macro)"
 MISSING: Final = "missing"
 
@@ -188,12 +202,18 @@ def _row(d: Delta, before_name: str, after_name: str) -> tuple[str, ...]:
         d.domain,
         d.tier,
         d.metric,
-        f"{d.before:.3f}",
-        f"{d.after:.3f}",
-        f"{d.diff:+.3f}",
-        f"[{d.low:+.3f}, {d.high:+.3f}]",
+        _number(d.before),
+        _number(d.after),
+        _number(d.diff, "+"),
+        f"[{_number(d.low, '+')}, {_number(d.high, '+')}]",
         flag,
     )
+
+
+def _number(value: float, sign: str = "") -> str:
+    """Rates with three decimals; costs (tokens, seconds per solved task) with the
+    digits that matter."""
+    return f"{value:{sign}.3f}" if abs(value) < 10 else f"{value:{sign}.1f}"
 
 
 def _summary(deltas: Sequence[Delta]) -> str:

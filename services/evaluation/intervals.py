@@ -79,6 +79,37 @@ def bootstrap_mean(
     )
 
 
+def bootstrap_ratio(
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> Interval | None:
+    """``sum(numerators) / sum(denominators)`` (a cost per success: every trial's cost
+    over the successes) with a percentile bootstrap over the paired trials; ``None`` when
+    the denominators sum to zero.  A resample without a success has no ratio and is left
+    out, so on very few successes the interval is conditional on at least one."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"{len(numerators)} numerators for {len(denominators)} denominators")
+    top = np.asarray(numerators, dtype=np.float64)
+    bottom = np.asarray(denominators, dtype=np.float64)
+    if not bottom.sum():
+        return None
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for rows in _draws(rng, len(top), resamples):
+        under = bottom[rows].sum(axis=1)
+        kept = under > 0
+        ratios.append(top[rows].sum(axis=1)[kept] / under[kept])
+    tail = (1.0 - confidence) / 2
+    low, high = np.quantile(np.concatenate(ratios), [tail, 1.0 - tail])
+    value = float(top.sum() / bottom.sum())
+    return Interval(
+        value=value, low=min(float(low), value), high=max(float(high), value), n=len(top)
+    )
+
+
 def _draws(rng: np.random.Generator, n: int, resamples: int) -> Iterator[npt.NDArray[np.int64]]:
     rows = max(1, _CHUNK_DRAWS // n)
     for start in range(0, resamples, rows):

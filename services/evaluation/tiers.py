@@ -20,7 +20,14 @@ from typing import Any, Final
 
 from protocol.messages import FinishReason, RolloutStatus, ScoredRollout, ScoreStatus
 from protocol.packed import I32
-from services.evaluation.intervals import Interval, bootstrap_mean, pass_at_k, percentiles, wilson
+from services.evaluation.intervals import (
+    Interval,
+    bootstrap_mean,
+    bootstrap_ratio,
+    pass_at_k,
+    percentiles,
+    wilson,
+)
 from services.evaluation.previews import domain_previews, shown
 
 SCHEMA: Final = 1
@@ -31,6 +38,12 @@ INVALID: Final = ScoreStatus.INVALID.value
 #: statuses such as ``nonzero_exit`` are well-formed calls whose code failed.
 FORMAT_ERRORS: Final = frozenset({"invalid", "error"})
 COST_KEYS: Final = ("prompt_tokens", "completion_tokens", "generator_s", "sandbox_s", "validator_s")
+#: The system tier's cost per solved task: figure name, the outcome's cost it sums.
+PER_SOLVED: Final = (
+    ("tokens_per_solved", "completion_tokens"),
+    ("generator_s_per_solved", "generator_s"),
+    ("sandbox_s_per_solved", "sandbox_s"),
+)
 #: Keys of the macro and micro summaries of a family and of the whole report.
 SUMMARY_KEYS: Final = ("greedy", "pass_at_1", "pass_at_k", "success_rate", "infra_failure_rate")
 
@@ -199,7 +212,22 @@ def system_tier(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "latency_s": percentiles(latencies),
         "cost_per_task": {key: total / n if n else 0.0 for key, total in totals.items()},
         "cost_total": totals,
+        **per_solved(_judged(outcomes)),
     }
+
+
+def per_solved(judged: Sequence[Outcome]) -> dict[str, Any]:
+    """What a solved task cost, every attempt's cost included (the failed ones were spent
+    to get it), with a bootstrap interval; nothing when no task was solved."""
+    solved = [float(o.correct) for o in judged]
+    figures: dict[str, Any] = {}
+    for name, key in PER_SOLVED:
+        costs = [float(getattr(o, key)) for o in judged]
+        # No cost of that kind (no sandbox in a single-turn domain): nothing to compare.
+        found = bootstrap_ratio(costs, solved) if any(costs) else None
+        if found is not None:
+            figures[name] = found.to_json()
+    return figures
 
 
 def _judged(outcomes: Sequence[Outcome]) -> list[Outcome]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -94,6 +95,29 @@ def test_more_infra_failures_are_a_regression() -> None:
     assert _find(
         compare(planted_report(failing), planted_report(steady)), "A", "infra_failure_rate"
     ).improvement
+
+
+def test_a_solved_task_that_costs_more_is_a_regression_and_one_that_costs_less_is_not() -> None:
+    def costly(tokens: int) -> list[Outcome]:
+        return [
+            dataclasses.replace(o, completion_tokens=tokens)
+            for o in planted_domain("A", 50, 4, 0.5)
+        ]
+
+    deltas = compare(planted_report(costly(5)), planted_report(costly(50)))
+    tokens = _find(deltas, "A", "tokens_per_solved")
+    assert (tokens.before, tokens.after) == pytest.approx((10.0, 100.0))
+    assert tokens.regression and not tokens.improvement
+    cheaper = _find(
+        compare(planted_report(costly(50)), planted_report(costly(5))), "A", "tokens_per_solved"
+    )
+    assert cheaper.improvement and not cheaper.regression
+    (line,) = [
+        ln
+        for ln in format_comparison(deltas, "a", "b").splitlines()
+        if ln.startswith("A ") and "tokens" in ln
+    ]
+    assert line.split()[3:6] == ["10.0", "100.0", "+90.0"] and line.endswith("REGRESSION")
 
 
 def test_domains_in_one_report_only_are_listed_not_fatal() -> None:

@@ -25,7 +25,7 @@ from protocol.messages import (
     ValidatorDetail,
 )
 from protocol.packed import pack_f32, pack_i32, pack_u8
-from services.evaluation.intervals import bootstrap_mean, percentiles, wilson
+from services.evaluation.intervals import bootstrap_mean, bootstrap_ratio, percentiles, wilson
 from services.evaluation.tiers import Outcome, build_report, domain_report
 
 
@@ -312,6 +312,32 @@ def test_system_tier_latency_and_costs() -> None:
             "validator_s": 2.5,
         }
     )
+
+
+def test_cost_per_solved_task_counts_the_failed_attempts_and_has_an_interval() -> None:
+    # Four attempts of 5, 10, 15 and 20 tokens, the last two solved: 50 tokens for 2.
+    outcomes = [
+        _outcome(f"p{i}", segments=(("gen", 5 * i),), reward=float(i > 2), calls=(("ok", i),))
+        for i in range(1, 5)
+    ]
+    system = domain_report(outcomes, k=1)["system"]
+    tokens = system["tokens_per_solved"]
+    assert tokens["value"] == pytest.approx(25.0) and tokens["n"] == 4
+    assert tokens["low"] <= 25.0 <= tokens["high"] and tokens["high"] > tokens["low"]
+    assert system["sandbox_s_per_solved"]["value"] == pytest.approx(10 / 2)
+    unsolved = domain_report([_outcome("p", reward=0.0)], k=1)["system"]
+    assert "tokens_per_solved" not in unsolved
+
+
+def test_a_ratio_bootstrap_is_seeded_and_skips_resamples_without_a_success() -> None:
+    costs, solved = [4.0, 1.0, 1.0, 2.0], [0.0, 0.0, 0.0, 1.0]
+    found = bootstrap_ratio(costs, solved, resamples=500, seed=3)
+    assert found is not None and found.value == pytest.approx(8.0)
+    assert found == bootstrap_ratio(costs, solved, resamples=500, seed=3)
+    assert math.isfinite(found.high) and found.low >= 2.0
+    assert bootstrap_ratio([1.0], [0.0]) is None
+    with pytest.raises(ValueError, match="2 numerators for 1"):
+        bootstrap_ratio([1.0, 2.0], [1.0])
 
 
 def test_infra_failures_stay_out_of_the_success_rate() -> None:
