@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import children  # noqa: E402
 import peer_report  # noqa: E402
 import peer_run  # noqa: E402
 
@@ -74,7 +75,7 @@ class EvalScorer:
 
     def accuracy(self, model_dir: Path) -> dict[str, float]:
         out = self.folder / model_dir.name
-        subprocess.run(self.command(model_dir, out), check=True, stdout=subprocess.DEVNULL)
+        children.run(self.command(model_dir, out), stdout=subprocess.DEVNULL)
         return greedy_by_domain(json.loads((out / "report.json").read_text()))
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import children
 from stack_figures import learner_stages, learner_steps
 
 from protocol.messages import Rollout, ScoreStatus, Task
@@ -207,6 +208,7 @@ def compare(
     from the same start policy for ``minutes`` each; TRL's snapshots scored by ``scorer``
     (default: decoded here on the eval domains' held-out problems, as many as Temper's
     evaluation takes)."""
+    children.exit_on_term()
     run = out / "temper"
     model = prepare(run, mix.flags)
     full = {**mix.settings.trl_spec(model, rows, minutes, threads), **spec}
@@ -230,7 +232,7 @@ def prepare(run: Path, config: Sequence[str]) -> Path:
         else:
             path.unlink(missing_ok=True)
     command = [*TEMPER, "train", *config, "--run-dir", str(run), "--warmup-only"]
-    subprocess.run(command, check=True)
+    children.run(command)
     return run / "model"
 
 
@@ -244,16 +246,14 @@ class TrlRun:
 
 def run_trl(work: Path, spec: dict[str, Any]) -> TrlRun:
     """TRL's runner on ``spec`` in its venv (built on first use), its outputs in ``work``."""
-    built = subprocess.run(
-        [str(TRL_PEER / "build.sh")], check=True, stdout=subprocess.PIPE, text=True
-    )
-    python = built.stdout.split()[-1]
+    built = children.run([str(TRL_PEER / "build.sh")], stdout=subprocess.PIPE, text=True)
+    python = built.split()[-1]
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     (work / "spec.json").write_text(json.dumps(spec))
     out = work / "out"
     runner = TRL_PEER / "grpo_run.py"
-    subprocess.run([python, str(runner), str(work / "spec.json"), str(out)], check=True)
+    children.run([python, str(runner), str(work / "spec.json"), str(out)])
     lines = (out / "steps.jsonl").read_text().splitlines()
     snapshots = sorted((float(path.name[1:]), path) for path in (out / "snapshots").iterdir())
     return TrlRun(
@@ -280,7 +280,10 @@ def trl_side(run: TrlRun, scorer: Scorer, minibatches: int) -> Side:
 def run_temper(command: list[str]) -> dict[str, float]:
     """Run ``temper train``, its output shown as it comes; CPU seconds by process."""
     cpu: dict[int, tuple[str, float]] = {}
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+    with (
+        subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc,
+        children.stopped_on_exit(proc),
+    ):
         assert proc.stdout is not None
         for line in proc.stdout:
             print(line, end="", flush=True)
