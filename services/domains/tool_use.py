@@ -12,6 +12,7 @@ import math
 import random
 import statistics
 import string
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -91,30 +92,63 @@ PUZZLES: Final[dict[str, Callable[[random.Random, int], Made]]] = {
 class ToolSource:
     puzzles: tuple[str, ...]
     level: int
+    #: Share of the problems whose reference shows a failed call and its fix first.
+    recovery: float = 0.0
 
     def draw(self, rng: random.Random) -> Problem:
         name = rng.choice(self.puzzles)
         values, question, answer, code = PUZZLES[name](rng, self.level)
+        key = f"tool:{name}:{values}"
         call = tool_call_text("python", {"code": code})
+        # The reference code prints the answer: what the sandbox's python returns.
+        calls, outputs = [call], [f"{answer}\n"]
+        if _shows_recovery(key, self.recovery):
+            broken = _unclosed(code)
+            calls.insert(0, tool_call_text("python", {"code": broken}))
+            outputs.insert(0, f"\n{_syntax_error(broken)}")
         return Problem(
-            key=f"tool:{name}:{values}",
+            key=key,
             question=question,
             metadata={"answer": answer},
-            reference=f"{call}\n{answer_text(answer, 'tag')}",
-            # The reference code prints the answer: what the sandbox's python returns.
-            tool_outputs=(f"{answer}\n",),
+            reference="\n".join([*calls, answer_text(answer, "tag")]),
+            tool_outputs=tuple(outputs),
         )
+
+
+def _shows_recovery(key: str, share: float) -> bool:
+    """Whether the problem's reference recovers from an error: by its key, so the draws
+    (and the splits) are those of the same domain without recovery."""
+    if share <= 0.0:
+        return False
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32
+    return bucket < share
+
+
+def _unclosed(code: str) -> str:
+    """The slip the policy makes most: the call's last parenthesis left out."""
+    return code[:-1] if code.endswith(")") else code + "("
+
+
+def _syntax_error(code: str) -> str:
+    """What the sandbox's python prints for ``code`` (its agent compiles it as
+    ``<sandbox>``)."""
+    try:
+        compile(code, "<sandbox>", "exec")
+    except SyntaxError as error:
+        return "".join(traceback.format_exception_only(error))
+    raise ValueError(f"no syntax error in {code!r}")
 
 
 def domain(name: str, params: Mapping[str, Any]) -> Domain:
     read = Params(name, params)
     puzzle = read.choice("task", "any", ("any", *PUZZLES))
     level = read.integer("difficulty", 1, 1, 3)
+    recovery = read.number("recovery", 0.0, 0.0, 1.0)
     read.done()
     return Domain(
         name=name,
         kind="tool_use",
-        source=ToolSource(tuple(PUZZLES) if puzzle == "any" else (puzzle,), level),
+        source=ToolSource(tuple(PUZZLES) if puzzle == "any" else (puzzle,), level, recovery),
         prompt=PromptFormat(system=f"{tool_instructions(TOOLS)} {INSTRUCTIONS['tag']}"),
         tools=TOOLS,
         validators=(

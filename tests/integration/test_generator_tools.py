@@ -109,3 +109,26 @@ async def test_no_sandbox_service_is_an_infra_failure(nats_url: str, tiny_model:
         [rollout] = await loop.run(task)
     assert rollout.status is RolloutStatus.INFRA_FAILURE
     assert "sandbox" in (rollout.error or "")
+
+
+async def test_a_recovery_reference_shows_what_the_sandbox_answers(sandbox: NATS) -> None:
+    """The warm-up's failed call and its fix: each output in the reference is the real
+    sandbox's answer to that call, error text included."""
+    from services.domains.tool_use import domain
+
+    modpow = domain("modpow", {"task": "modpow", "recovery": 1.0})
+    (example,) = modpow.examples(1, seed=4)
+    codes = [
+        json.loads(line.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]
+        for line in example.reference.split("\n")[:2]
+    ]
+    session = await SandboxTools(sandbox, timeout_s=30).open("recovery/0", ("python",))
+    try:
+        answers = [
+            await session.call(ToolCallRequest(name="python", arguments=code, raw=""))
+            for code in codes
+        ]
+    finally:
+        await session.close()
+    assert [a.status for a in answers] == ["nonzero_exit", "ok"]
+    assert tuple(a.output for a in answers) == example.tool_outputs

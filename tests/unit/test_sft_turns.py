@@ -87,3 +87,26 @@ def test_the_warm_up_loss_and_its_gradients_are_hf_s(tiny_model: Path) -> None:
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     for ours_grad, param in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(ours_grad, param.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_recovery_reference_trains_both_calls_and_masks_the_error(
+    tokenizer: ChatTokenizer,
+) -> None:
+    from services.domains.tool_use import domain
+
+    plain = domain("m", {"task": "modpow"}).examples(40, seed=3)
+    mixed = domain("m", {"task": "modpow", "recovery": 0.5}).examples(40, seed=3)
+    # The same problems and splits: only some references change.
+    assert [e.task.metadata["key"] for e in plain] == [e.task.metadata["key"] for e in mixed]
+    recovered = [e for e in mixed if len(e.tool_outputs) == 2]
+    assert 10 <= len(recovered) <= 30
+    example = recovered[0]
+    broken, fixed, final = example.reference.split("\n")
+    assert final == answer_text(str(example.task.metadata["answer"]), "tag")
+    assert broken.replace(')"}}', '))"}}') == fixed
+    assert "SyntaxError: '(' was never closed" in example.tool_outputs[0]
+    ids, mask = reference_ids(tokenizer, example)
+    error = tokenizer.encode(tokenizer.observation(example.tool_outputs[0]))
+    first = tokenizer.encode(broken)
+    assert ids[: len(first) + len(error)] == first + error
+    assert mask[: len(first) + len(error)] == [True] * len(first) + [False] * len(error)
