@@ -12,7 +12,6 @@ import math
 import random
 import statistics
 import string
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -103,9 +102,9 @@ class ToolSource:
         # The reference code prints the answer: what the sandbox's python returns.
         calls, outputs = [call], [f"{answer}\n"]
         if _shows_recovery(key, self.recovery):
-            broken = _unclosed(code)
-            calls.insert(0, tool_call_text("python", {"code": broken}))
-            outputs.insert(0, f"\n{_syntax_error(broken)}")
+            broken = tool_call_text("python", {"code": _misspelt(code)})
+            calls.insert(0, broken)
+            outputs.insert(0, f"\n{NAME_ERROR}")
         return Problem(
             key=key,
             question=question,
@@ -124,19 +123,20 @@ def _shows_recovery(key: str, share: float) -> bool:
     return bucket < share
 
 
-def _unclosed(code: str) -> str:
-    """The slip the policy makes most: the call's last parenthesis left out."""
-    return code[:-1] if code.endswith(")") else code + "("
+def _misspelt(code: str) -> str:
+    """A slip the policy makes: a name misspelt (``print`` as ``prnt``)."""
+    if "print(" not in code:
+        raise ValueError(f"no print( to misspell in {code!r}")
+    return code.replace("print(", "prnt(", 1)
 
 
-def _syntax_error(code: str) -> str:
-    """What the sandbox's python prints for ``code`` (its agent compiles it as
-    ``<sandbox>``)."""
-    try:
-        compile(code, "<sandbox>", "exec")
-    except SyntaxError as error:
-        return "".join(traceback.format_exception_only(error))
-    raise ValueError(f"no syntax error in {code!r}")
+#: What the sandbox's python prints for a misspelt ``print`` on the first line (its agent
+#: compiles the code as ``<sandbox>``, so no source line is shown; Python names the fix).
+NAME_ERROR: Final = (
+    "Traceback (most recent call last):\n"
+    '  File "<sandbox>", line 1, in <module>\n'
+    "NameError: name 'prnt' is not defined. Did you mean: 'print'?\n"
+)
 
 
 def domain(name: str, params: Mapping[str, Any]) -> Domain:

@@ -103,8 +103,8 @@ def test_a_recovery_reference_trains_both_calls_and_masks_the_error(
     example = recovered[0]
     broken, fixed, final = example.reference.split("\n")
     assert final == answer_text(str(example.task.metadata["answer"]), "tag")
-    assert broken.replace(')"}}', '))"}}') == fixed
-    assert "SyntaxError: '(' was never closed" in example.tool_outputs[0]
+    assert broken.replace("prnt(", "print(") == fixed
+    assert "NameError: name 'prnt' is not defined" in example.tool_outputs[0]
     ids, mask = reference_ids(tokenizer, example)
     error = tokenizer.encode(tokenizer.observation(example.tool_outputs[0]))
     first = tokenizer.encode(broken)
