@@ -143,7 +143,7 @@ async def test_the_learner_announces_a_snapshot_it_then_serves(tmp_path: Path) -
         tensorboard=False,
     )
     learner = LearnerService(settings)
-    learner._trainer = cast(Any, SimpleNamespace(step=3, consumed=12))
+    learner._trainer = cast(Any, SimpleNamespace(step=3, consumed=12, settled=15))
     weights = learner.weights
     assert weights is not None
     announced: list[PolicyUpdate] = []
@@ -160,6 +160,7 @@ async def test_the_learner_announces_a_snapshot_it_then_serves(tmp_path: Path) -
     assert update.uri == weights.subject
     assert update.path == str(exported.path.resolve())
     assert (update.version, update.digest, update.trained_samples) == (2, exported.digest, 12)
+    assert update.settled_samples == 15
     assert weights._servable(1).version == 2
 
 
