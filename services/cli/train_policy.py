@@ -43,6 +43,16 @@ def prepare_policy(plan: TrainPlan, domains: RunDomains) -> Path:
     start = cached_model(
         "train-start-policy", key, lambda path: _warm_up(plan, domains, config, path)
     )
+    if plan.warmup_recovery_steps:
+        # A stage of its own on the warmed policy: the plain warm-up stays cached under its
+        # key, and these steps only add what a failed call and its fix look like.
+        stage = _recovery_config(plan)
+        stage_key = recipe_key([key, plan.warmup_recovery_share, repr(stage)], sources)
+        start = cached_model(
+            "train-start-policy",
+            stage_key,
+            lambda path: _recover(plan, domains, stage, start, path),
+        )
     say(f"start policy: {start} (built once per recipe, copied into {model})")
     model.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(start, model, dirs_exist_ok=True)
@@ -97,3 +107,35 @@ def _warm_up(plan: TrainPlan, domains: RunDomains, config: WarmupConfig, model: 
         f"warm-up done after {result.steps} steps (loss {result.loss:.3f}{accuracy}); "
         "reinforcement learning from here"
     )
+
+
+def _recovery_config(plan: TrainPlan) -> WarmupConfig:
+    from services.model.sft import WarmupConfig
+
+    return WarmupConfig(
+        steps=plan.warmup_recovery_steps, lr=1e-3, examples=4096, target_accuracy=0.0, progress=True
+    )
+
+
+def recovery_mix(mix: Sequence[tuple[Domain, float]], share: float) -> list[tuple[Domain, float]]:
+    """The mix with ``share`` of each tool domain's references showing a failed call, the
+    sandbox's error and the fixed call first; the other domains as they are."""
+    from services.domains.tool_use import with_recovery
+
+    return [(with_recovery(domain, share) or domain, weight) for domain, weight in mix]
+
+
+def _recover(
+    plan: TrainPlan, domains: RunDomains, config: WarmupConfig, warmed: Path, model: Path
+) -> None:
+    from services.model.sft import supervised_warmup
+
+    shutil.copytree(warmed, model)
+    say(
+        f"recovery warm-up: {config.steps} steps in which {plan.warmup_recovery_share:.0%} of "
+        "the tool problems show a failed call, its error and the fixed call"
+    )
+    result = supervised_warmup(
+        model, recovery_mix(domains.train, plan.warmup_recovery_share), config
+    )
+    say(f"recovery warm-up done after {result.steps} steps (loss {result.loss:.3f})")

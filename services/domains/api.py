@@ -108,6 +108,9 @@ class Problem:
     #: then shows the policy each output where the agent loop puts it, and the answer after
     #: it: without them it would learn to answer before the tool has said anything.
     tool_outputs: tuple[str, ...] = ()
+    #: Turns already in the context after the question (a probe's failed tool call and the
+    #: error it got); the policy writes the next assistant turn.
+    turns: tuple[ChatMessage, ...] = ()
 
 
 class TaskSource(Protocol):
@@ -256,7 +259,7 @@ class Domain:
             id=task_id(self.name, split, seed, index),
             domain=self.name,
             tier=self.tier,
-            prompt=self.prompt.messages(problem.question),
+            prompt=[*self.prompt.messages(problem.question), *problem.turns],
             tools=list(self.tools),
             sampling=SamplingParams(max_tokens=self.max_tokens),
             n=self.samples,

@@ -13,10 +13,10 @@ import random
 import statistics
 import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from protocol.messages import SandboxLimits
+from protocol.messages import ChatMessage, SandboxLimits
 from services.domains.api import Domain, Problem, PromptFormat, ValidatorSpec
 from services.domains.formats import INSTRUCTIONS, answer_text, tool_call_text, tool_instructions
 from services.domains.params import Params
@@ -93,6 +93,8 @@ class ToolSource:
     level: int
     #: Share of the problems whose reference shows a failed call and its fix first.
     recovery: float = 0.0
+    #: Every problem's context already holds a failed call and its error (a recovery probe).
+    failed_first: bool = False
 
     def draw(self, rng: random.Random) -> Problem:
         name = rng.choice(self.puzzles)
@@ -101,6 +103,15 @@ class ToolSource:
         call = tool_call_text("python", {"code": code})
         # The reference code prints the answer: what the sandbox's python returns.
         calls, outputs = [call], [f"{answer}\n"]
+        if self.failed_first:
+            return Problem(
+                key=key,
+                question=question,
+                metadata={"answer": answer},
+                reference="\n".join([call, answer_text(answer, "tag")]),
+                tool_outputs=tuple(outputs),
+                turns=_failed_call(code),
+            )
         if _shows_recovery(key, self.recovery):
             broken = tool_call_text("python", {"code": _misspelt(code)})
             calls.insert(0, broken)
@@ -121,6 +132,23 @@ def _shows_recovery(key: str, share: float) -> bool:
         return False
     bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") / 2**32
     return bucket < share
+
+
+def _failed_call(code: str) -> tuple[ChatMessage, ChatMessage]:
+    """The call with ``print`` misspelt and the sandbox's answer, as the chat holds them."""
+    broken = tool_call_text("python", {"code": _misspelt(code)})
+    return (
+        ChatMessage(role="assistant", content=broken),
+        ChatMessage(role="tool", content=f"\n{NAME_ERROR}"),
+    )
+
+
+def with_recovery(domain: Domain, share: float) -> Domain | None:
+    """``domain`` with ``share`` of its references showing a failed call and its fix first
+    (same problems, same splits); None when its references have no tool call to fail."""
+    if not isinstance(domain.source, ToolSource):
+        return None
+    return replace(domain, source=replace(domain.source, recovery=share))
 
 
 def _misspelt(code: str) -> str:
@@ -144,11 +172,14 @@ def domain(name: str, params: Mapping[str, Any]) -> Domain:
     puzzle = read.choice("task", "any", ("any", *PUZZLES))
     level = read.integer("difficulty", 1, 1, 3)
     recovery = read.number("recovery", 0.0, 0.0, 1.0)
+    failed_first = read.flag("failed_first", False)
     read.done()
     return Domain(
         name=name,
         kind="tool_use",
-        source=ToolSource(tuple(PUZZLES) if puzzle == "any" else (puzzle,), level, recovery),
+        source=ToolSource(
+            tuple(PUZZLES) if puzzle == "any" else (puzzle,), level, recovery, failed_first
+        ),
         prompt=PromptFormat(system=f"{tool_instructions(TOOLS)} {INSTRUCTIONS['tag']}"),
         tools=TOOLS,
         validators=(

@@ -146,6 +146,8 @@ ERRORS = [
     ("[learner]\ngroup = 0\n", "learner.group: 0 is not allowed (a whole number >= 1)"),
     ("learner = 3\n", "learner: must be a table ([learner])"),
     ("[warmup]\ntarget = 1.5\n", "warmup.target: 1.5 is not allowed (a number in [0, 1])"),
+    ("[warmup]\nrecovery_share = 2\n", "warmup.recovery_share: 2 is not allowed (a number in"),
+    ("[warmup]\nrecovery_steps = -1\n", "warmup.recovery_steps: -1 is not allowed (a whole"),
     ("nats_port = 70000\n", "nats_port: 70000 is not allowed (1..65535)"),
     ("[budget]\nminutes = 0\n", "budget.minutes: 0 with budget.max_steps = 0"),
     ("[instances]\ngenerator = 2\n", "instances.generator: 2: the embedded stack runs one"),
@@ -191,13 +193,34 @@ def test_a_model_directory_without_config_json_is_refused(tmp_path: Path) -> Non
         plan("--config", str(config))
 
 
-def test_warm_up_steps_with_a_given_model_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("warmup", "expected"),
+    [
+        ("steps = 5\n", r"run.toml: warmup.steps: 5: the supervised"),
+        ("steps = 0\nrecovery_steps = 5\n", r"run.toml: warmup.recovery_steps: 5: the recovery"),
+    ],
+)
+def test_warm_up_steps_with_a_given_model_are_refused(
+    tmp_path: Path, warmup: str, expected: str
+) -> None:
     model = tmp_path / "policy"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    config = write(tmp_path, 'model = "policy"\n[warmup]\nsteps = 5\n')
-    with pytest.raises(RunConfigError, match=r"run.toml: warmup.steps: 5: the supervised"):
+    config = write(tmp_path, f'model = "policy"\n[warmup]\n{warmup}')
+    with pytest.raises(RunConfigError, match=expected):
         plan("--config", str(config))
+
+
+def test_recovery_steps_need_a_tool_domain_in_the_mix(tmp_path: Path) -> None:
+    config = write(tmp_path, '[[domains]]\nname = "arithmetic"\n[warmup]\nrecovery_steps = 5\n')
+    with pytest.raises(RunConfigError) as caught:
+        load_domains(plan("--config", str(config)), tmp_path / "out")
+    assert str(caught.value).startswith(f"{config}: warmup.recovery_steps: 5: no domain of the")
+    assert "(arithmetic)" in str(caught.value)
+    with pytest.raises(RunConfigError, match=r"command line: --warmup-recovery-steps: 3: no"):
+        load_domains(plan("--warmup-recovery-steps", "3"), tmp_path / "out")
+    tools = plan("--domain", "tool_use", "--domain", "arithmetic", "--warmup-recovery-steps", "3")
+    assert load_domains(tools, tmp_path / "out").names == ("tool_use", "arithmetic")
 
 
 def test_bad_flags_name_the_flag(tmp_path: Path) -> None:
@@ -350,7 +373,13 @@ def test_print_config_prints_the_defaults_as_a_config(tmp_path: Path) -> None:
         "minibatches": 2,
         "group": 8,
     }
-    assert "model" not in data and data["warmup"] == {"steps": 600, "target": 0.25}
+    assert "model" not in data
+    assert data["warmup"] == {
+        "steps": 600,
+        "target": 0.25,
+        "recovery_steps": 0,
+        "recovery_share": 0.5,
+    }
 
 
 # ---------------------------------------------------------------- the feeder's draw

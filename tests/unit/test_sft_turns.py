@@ -110,3 +110,29 @@ def test_a_recovery_reference_trains_both_calls_and_masks_the_error(
     first = tokenizer.encode(broken)
     assert ids[: len(first) + len(error)] == first + error
     assert mask[: len(first) + len(error)] == [True] * len(first) + [False] * len(error)
+
+
+def test_a_failed_first_problem_starts_after_the_failed_call_and_its_error(
+    tokenizer: ChatTokenizer,
+) -> None:
+    """The recovery probe: the same problems, the failed call and the sandbox's error (a
+    fixed text: nothing of the answer) already in the context as the agent loop holds them."""
+    from services.domains.tool_use import NAME_ERROR, domain
+
+    plain = domain("m", {"task": "modpow"}).examples(20, split="eval", seed=3)
+    probe = domain("m", {"task": "modpow", "failed_first": True}).examples(20, split="eval", seed=3)
+    assert [e.task.metadata["key"] for e in plain] == [e.task.metadata["key"] for e in probe]
+    for before, after in zip(plain, probe, strict=True):
+        call, error = after.task.prompt[-2:]
+        assert after.task.prompt[:-2] == before.task.prompt
+        assert (call.role, error.role, error.content) == ("assistant", "tool", f"\n{NAME_ERROR}")
+        assert call.content == before.reference.split("\n")[0].replace("print(", "prnt(", 1)
+        assert (after.reference, after.tool_outputs) == (before.reference, before.tool_outputs)
+    # Rendered as the loop holds a failed call: the call's ids, then the observation's.
+    example = probe[0]
+    held = (
+        tokenizer.render(example.task.prompt[:-2])
+        + tokenizer.encode(example.task.prompt[-2].content)
+        + tokenizer.encode(tokenizer.observation(example.task.prompt[-1].content))
+    )
+    assert tokenizer.render(example.task.prompt) == held

@@ -43,6 +43,7 @@ from grpo_spec import (  # noqa: E402
     completion_text,
     load_spec,
     route,
+    tool_output,
 )
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -137,7 +138,7 @@ def _run_python(code: str, timeout_s: float, scratch: Path) -> str:
     except subprocess.TimeoutExpired as error:
         printed = error.stdout.decode() if isinstance(error.stdout, bytes) else error.stdout
         return f"{printed or ''}\ntimed out after {timeout_s:g} s"
-    return done.stdout + (f"\n{done.stderr}" if done.stderr else "")
+    return tool_output(done.stdout, done.stderr)
 
 
 def use_tool_format(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:

@@ -158,6 +158,19 @@ NO_DOMAIN = ""
 Scorer = Callable[[str, str], float]
 
 
+#: How ``python -c`` names the code's frames in a traceback, and how Temper's sandbox does
+#: (its agent compiles the code as ``<sandbox>``).
+_STRING_FRAME = 'File "<string>", line '
+_SANDBOX_FRAME = 'File "<sandbox>", line '
+
+
+def tool_output(stdout: str, stderr: str) -> str:
+    """What Temper's sandboxed ``python`` returns for a run that printed these: stdout, then
+    stderr after a newline, the code's frames named as the sandbox names them, so that
+    an error reads the same on both sides (a warm-up's recovery references show it)."""
+    return stdout + (f"\n{stderr.replace(_STRING_FRAME, _SANDBOX_FRAME)}" if stderr else "")
+
+
 def completion_text(completion: str | list[dict[str, Any]]) -> str:
     """TRL hands conversational completions as a list of messages.  The text is what
     Temper's completion text holds: the assistant's turns, each tool call written as the

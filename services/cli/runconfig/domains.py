@@ -30,6 +30,7 @@ from services.domains import (
 )
 from services.domains import jsonl as jsonl_kind
 from services.domains.config import config_files
+from services.domains.tool_use import with_recovery
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,8 @@ def load_domains(plan: TrainPlan, folder: Path) -> RunDomains:
         (_domain(plan, index, entry, registries), entry.weight)
         for index, entry in enumerate(plan.domains)
     )
+    if plan.warmup_recovery_steps:
+        _check_recovery(plan, train)
     found = [_eval_domain(plan, name, train, registries) for name in plan.eval_domains]
     sources = [entry.source for entry in plan.domains] + [source for _, source in found]
     config = None
@@ -61,6 +64,21 @@ def load_domains(plan: TrainPlan, folder: Path) -> RunDomains:
         config = write_config(plan.domains, sources, folder)
         _check_combined(plan, config)
     return RunDomains(train=train, eval=tuple(domain for domain, _ in found), config=config)
+
+
+def _check_recovery(plan: TrainPlan, train: tuple[tuple[Domain, float], ...]) -> None:
+    if any(with_recovery(domain, 0.0) for domain, _ in train):
+        return
+    key = "warmup.recovery_steps"
+    origin = plan.origin(key)
+    where, _, dotted = origin.rpartition(": ")
+    problem = (
+        f"{plan.warmup_recovery_steps}: no domain of the mix has tool calls to show a recovery "
+        f"from ({', '.join(d.name for d, _ in train)}); a tool_use domain does"
+    )
+    if origin.startswith("--"):
+        raise RunConfigError("command line", origin, problem)
+    raise RunConfigError(where or origin, dotted or key, problem)
 
 
 def _entry_key(plan: TrainPlan, index: int, field: str) -> str:

@@ -177,6 +177,13 @@ def _check_model(plan: TrainPlan) -> None:
             f"{plan.warmup_steps}: the supervised warm-up is for the built-in tiny policy "
             f"(default {DEFAULT_WARMUP_STEPS}); with a model, leave it out or set 0",
         )
+    if plan.warmup_recovery_steps:
+        raise _error(
+            plan,
+            "warmup.recovery_steps",
+            f"{plan.warmup_recovery_steps}: the recovery steps follow the built-in tiny "
+            "policy's warm-up; with a model, leave it out or set 0",
+        )
 
 
 def _refuse_instances(plan: TrainPlan, key: str, count: int) -> None:

@@ -83,6 +83,9 @@ class TrainPlan:
     validators: int = 1
     warmup_steps: int
     warmup_target: float
+    #: Supervised steps after the warm-up on references that show a failed tool call first.
+    warmup_recovery_steps: int = 0
+    warmup_recovery_share: float = 0.5
     #: Dotted key -> where its value came from (``FILE: key`` or ``--flag``), for errors.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -354,6 +357,27 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         allowed="a number in [0, 1]",
         help="the warm-up stops when greedy accuracy on train problems reaches this "
         "(0: no target, all --warmup-steps)",
+    ),
+    Setting(
+        key="warmup.recovery_steps",
+        field="warmup_recovery_steps",
+        kind=int,
+        default=0,
+        check=_non_negative,
+        allowed="a whole number >= 0",
+        help="supervised steps after the warm-up in which --warmup-recovery-share of the tool "
+        "domains' references show a failed call, the sandbox's error and the fixed call "
+        "(0: none)",
+    ),
+    Setting(
+        key="warmup.recovery_share",
+        field="warmup_recovery_share",
+        kind=float,
+        default=0.5,
+        check=_fraction,
+        allowed="a number in [0, 1]",
+        help="share of the tool problems whose reference shows the failed call in the "
+        "--warmup-recovery-steps",
     ),
 )
 
