@@ -58,3 +58,30 @@ async def test_tool_cheats_score_no_more_than_they_deserve(nats_url: str) -> Non
 def _code(call: str) -> str:
     body = json.loads(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))
     return json.dumps(body["arguments"])
+
+
+async def test_the_failed_call_in_a_probe_s_context_earns_nothing(nats_url: str) -> None:
+    """The recovery probe's context already holds a call (misspelt, failed): a completion
+    that makes none of its own gets no call share for it, and the error is no answer."""
+    params = {"task": "modpow", "difficulty": 1, "failed_first": True}
+    (example,) = domain("modpow-failed-first", params).examples(1, "eval", seed=0)
+    task, answer = example.task, str(example.task.metadata["answer"])
+    call = example.reference.split("\n")[0]
+    ran = ToolCall(turn=0, name="python", arguments=_code(call), output=f"{answer}\n")
+    cases: dict[str, tuple[str, list[ToolCall], float]] = {
+        "the fixed call and the answer": (example.reference, [ran], 1.0),
+        "a guess after the context's failed call": (f"<answer>{int(answer) + 1}</answer>", [], 0.0),
+        "the context's error as the answer": (f"<answer>{NAME_ERROR}</answer>", [], 0.0),
+        "the context's call copied as text": (f"{task.prompt[-2].content}", [], 0.2),
+    }
+    service = ValidatorService(settings(nats_url, domains_config=TOOLS))
+    async with service, client(nats_url) as nc:
+        js = nc.jetstream()
+        for index, (text, calls, _) in enumerate(cases.values()):
+            await publish(js, make_rollout(task, text, index=index, tool_calls=calls))
+        results = await scored_results(js, len(cases))
+    got = {s.rollout.sample_index: s for s in results}
+    for index, (name, (_, _, deserved)) in enumerate(cases.items()):
+        assert got[index].status is ScoreStatus.SCORED, name
+        assert 0.0 <= got[index].reward <= deserved, (name, got[index].reward, got[index].details)
+    assert got[0].reward == 1.0
