@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from services.cli.runconfig import toml_text
+from services.cli.runconfig.reading import key_error
 from services.cli.runconfig.settings import BUILTIN, DomainEntry, RunConfigError, TrainPlan
 from services.domains import (
     ConfigError,
@@ -69,16 +70,12 @@ def load_domains(plan: TrainPlan, folder: Path) -> RunDomains:
 def _check_recovery(plan: TrainPlan, train: tuple[tuple[Domain, float], ...]) -> None:
     if any(with_recovery(domain, 0.0) for domain, _ in train):
         return
-    key = "warmup.recovery_steps"
-    origin = plan.origin(key)
-    where, _, dotted = origin.rpartition(": ")
-    problem = (
+    raise key_error(
+        plan,
+        "warmup.recovery_steps",
         f"{plan.warmup_recovery_steps}: no domain of the mix has tool calls to show a recovery "
-        f"from ({', '.join(d.name for d, _ in train)}); a tool_use domain does"
+        f"from ({', '.join(d.name for d, _ in train)}); a tool_use domain does",
     )
-    if origin.startswith("--"):
-        raise RunConfigError("command line", origin, problem)
-    raise RunConfigError(where or origin, dotted or key, problem)
 
 
 def _entry_key(plan: TrainPlan, index: int, field: str) -> str:

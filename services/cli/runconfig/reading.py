@@ -153,7 +153,7 @@ def resolve(file: Layer | None, flags: Layer) -> TrainPlan:
 def check(plan: TrainPlan) -> None:
     """What no single value shows: settings that contradict each other or this machine."""
     if plan.minutes == 0 and plan.max_steps == 0:
-        raise _error(
+        raise key_error(
             plan,
             "budget.minutes",
             "0 with budget.max_steps = 0: the run would never end (allowed: either > 0)",
@@ -169,16 +169,16 @@ def check(plan: TrainPlan) -> None:
 def _check_model(plan: TrainPlan) -> None:
     assert plan.model is not None
     if not (plan.model / "config.json").is_file():
-        raise _error(plan, "model", f"{plan.model} is not a model directory (no config.json)")
+        raise key_error(plan, "model", f"{plan.model} is not a model directory (no config.json)")
     if plan.warmup_steps:
-        raise _error(
+        raise key_error(
             plan,
             "warmup.steps",
             f"{plan.warmup_steps}: the supervised warm-up is for the built-in tiny policy "
             f"(default {DEFAULT_WARMUP_STEPS}); with a model, leave it out or set 0",
         )
     if plan.warmup_recovery_steps:
-        raise _error(
+        raise key_error(
             plan,
             "warmup.recovery_steps",
             f"{plan.warmup_recovery_steps}: the recovery steps follow the built-in tiny "
@@ -188,7 +188,7 @@ def _check_model(plan: TrainPlan) -> None:
 
 def _refuse_instances(plan: TrainPlan, key: str, count: int) -> None:
     service = key.rpartition(".")[2]
-    raise _error(
+    raise key_error(
         plan,
         key,
         f"{count}: the embedded stack runs one {service} process (allowed: 1); start more "
@@ -196,7 +196,7 @@ def _refuse_instances(plan: TrainPlan, key: str, count: int) -> None:
     )
 
 
-def _error(plan: TrainPlan, key: str, problem: str) -> RunConfigError:
+def key_error(plan: TrainPlan, key: str, problem: str) -> RunConfigError:
     """An error about ``key``, naming the file or the flag that set it."""
     origin = plan.origin(key)
     if origin.startswith("--"):
